@@ -1,0 +1,41 @@
+# substrate — developer entry points. `make test` is the README's test command and what CI runs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test lint typecheck unit venv sim bench docs gen-proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check substrate daemons tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check substrate daemons tests examples benchmarks scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy substrate daemons
+
+unit: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The whole suite: lint, types, import boundaries (a test), every test tier.
+test: lint typecheck unit
+
+sim: $(STAMP)
+	$(PY) examples/simulation.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_scheduler.py
+	$(PY) benchmarks/bench_parking.py
+
+docs: $(STAMP)
+	$(PY) scripts/render_lifecycle.py > docs/lifecycle.md
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

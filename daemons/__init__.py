@@ -1,0 +1,1 @@
+"""Thin daemons: ateapi, atelet, ateworker, router (composition roots only)."""
