@@ -37,5 +37,8 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(PY) scripts/render_lifecycle.py > docs/lifecycle.md
 
+gen-proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -105,6 +105,20 @@ class SnapshotOwner(enum.Enum):
     TAG = 2
 
 
+class RestoreSource(enum.Enum):
+    """Where a resume's restored bytes came from; the value is the provenance label."""
+
+    LOCAL = "local"
+    """The node-local copy on the worker's node, restored in place."""
+    DURABLE = "durable"
+    """The actor's own durable copy in object storage."""
+    TAG = "tag"
+    """A durable copy owned by a tag, borrowed by the actor (its first generation)."""
+
+
+COLD_BOOT_PROVENANCE: Final = "cold-boot"
+
+
 class SuspendMode(enum.Enum):
     ASYNC = 1
     SYNC = 2
@@ -477,11 +491,40 @@ class Tag:
         return self
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class ResumeResult:
+    """What ResumeActor answers: the actor, whether it was resumed, and the restore provenance.
+
+    ``source`` is where the restore read from; None with ``resumed`` means a cold boot. When
+    ``resumed`` is false (the actor was already RUNNING) ``source`` is None and the numbers
+    are 0.
+    """
+
+    actor: Actor
+    resumed: bool
+    source: RestoreSource | None = None
+    generation: int = 0
+    snapshot_age_seconds: float = 0.0
+    resume_duration_seconds: float = 0.0
+
+    @property
+    def cold_boot(self) -> bool:
+        return self.resumed and self.source is None
+
+    @property
+    def provenance(self) -> str:
+        """The restore-provenance label ("local", "durable", "tag", "cold-boot"; "" if none)."""
+        if self.source is not None:
+            return self.source.value
+        return COLD_BOOT_PROVENANCE if self.resumed else ""
+
+
 def newest_first(snapshots: Iterable[Snapshot]) -> list[Snapshot]:
     return sorted(snapshots, key=lambda s: s.generation, reverse=True)
 
 
 __all__ = [
+    "COLD_BOOT_PROVENANCE",
     "TRANSIENT_STATES",
     "Actor",
     "ActorBinding",
@@ -498,6 +541,8 @@ __all__ = [
     "Metadata",
     "Probe",
     "Resources",
+    "RestoreSource",
+    "ResumeResult",
     "SandboxClass",
     "Snapshot",
     "SnapshotConfig",

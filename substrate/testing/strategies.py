@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import strategies as st
 
 from substrate.core.ids import ActorRef, Labels, NodeRef, TagRef, TemplateRef, WorkerRef
@@ -50,7 +52,9 @@ def invalid_dns_labels() -> st.SearchStrategy[str]:
         dns_labels().map(lambda s: "-" + s),
         dns_labels().map(lambda s: s + "-"),
         dns_labels().map(lambda s: s.upper() + "A"),
-        st.builds(lambda a, c, b: a + c + b, dns_labels(10), st.sampled_from("_./ :@"), dns_labels(10)),
+        st.builds(
+            lambda a, c, b: a + c + b, dns_labels(10), st.sampled_from("_./ :@"), dns_labels(10)
+        ),
     )
 
 
@@ -61,7 +65,9 @@ def label_values() -> st.SearchStrategy[str]:
 
 
 def labels(max_size: int = 4) -> st.SearchStrategy[Labels]:
-    keys = st.one_of(dns_labels(20), st.builds(lambda p, n: f"{p}.io/{n}", dns_labels(10), dns_labels(10)))
+    keys = st.one_of(
+        dns_labels(20), st.builds(lambda p, n: f"{p}.io/{n}", dns_labels(10), dns_labels(10))
+    )
     return st.dictionaries(keys, label_values(), max_size=max_size).map(Labels)
 
 
@@ -131,13 +137,17 @@ def storages() -> st.SearchStrategy[SnapshotStorage]:
     return st.one_of(local, durable)
 
 
+def _has_durability(d: Durability) -> Callable[[SnapshotStorage], bool]:
+    return lambda s: s.durability is d
+
+
 @st.composite
 def snapshots(draw: st.DrawFn, generation: int | None = None) -> Snapshot:
     gen = draw(st.integers(1, 50)) if generation is None else generation
     kinds = draw(st.sets(st.sampled_from(Durability), min_size=1))
-    items = []
-    for d in sorted(kinds, key=lambda k: k.value):
-        items.append(draw(storages().filter(lambda s, d=d: s.durability is d)))
+    items = [
+        draw(storages().filter(_has_durability(d))) for d in sorted(kinds, key=lambda k: k.value)
+    ]
     return Snapshot(
         generation=gen,
         snapshot_id=str(draw(st.uuids())),
