@@ -1,0 +1,47 @@
+"""Pure networking decisions for the router: request parking, singleflight and retry backoff."""
+
+from substrate.net.backoff import Backoff
+from substrate.net.parking import (
+    Admission,
+    Admitted,
+    AttemptDecision,
+    AwaitBudget,
+    Failure,
+    FlightEnded,
+    FlightState,
+    FlightView,
+    LotStats,
+    NoFlight,
+    Outcome,
+    ParkingConfig,
+    ParkingLot,
+    RequestId,
+    Resolution,
+    RetryAt,
+    Shed,
+    Verdict,
+    classify,
+)
+
+__all__ = [
+    "Admission",
+    "Admitted",
+    "AttemptDecision",
+    "AwaitBudget",
+    "Backoff",
+    "Failure",
+    "FlightEnded",
+    "FlightState",
+    "FlightView",
+    "LotStats",
+    "NoFlight",
+    "Outcome",
+    "ParkingConfig",
+    "ParkingLot",
+    "RequestId",
+    "Resolution",
+    "RetryAt",
+    "Shed",
+    "Verdict",
+    "classify",
+]
