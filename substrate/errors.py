@@ -46,7 +46,7 @@ class SubstrateError(Exception):
 
     @property
     def code(self) -> GrpcCode:
-        return GRPC_CODES[type(self)]
+        return grpc_code(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.description!r})"

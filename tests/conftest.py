@@ -8,6 +8,8 @@ from collections.abc import Generator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.pg import PgHandle, pg_session
+
 settings.register_profile(
     "ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -34,3 +36,10 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which requires every suite to run: {reason}"
     return report
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Generator[PgHandle, None, None]:
+    """The PostgreSQL server (``PG_DSN`` or 127.0.0.1:5432); skips if unreachable."""
+    with pg_session() as handle:
+        yield handle

@@ -490,7 +490,7 @@ def decide(actor: Actor, command: LifecycleCommand, *, now: float) -> Decision:
         case FinishDelete():
             effects = _release(actor)
             for snap in status.snapshots:
-                effects += _owned_cleanup(snap)
+                effects += owned_cleanup(snap)
             return Decision(actor=None, changed=True, effects=effects)
     raise AssertionError(f"unhandled command {command!r}")  # pragma: no cover
 
@@ -521,7 +521,7 @@ def _put_generation(snapshots: tuple[Snapshot, ...], snap: Snapshot) -> tuple[Sn
     return tuple(kept)
 
 
-def _owned_cleanup(snap: Snapshot) -> tuple[Effect, ...]:
+def owned_cleanup(snap: Snapshot) -> tuple[Effect, ...]:
     """Effects that delete what the actor owns of ``snap`` (nothing of a borrowed one)."""
     out: list[Effect] = []
     for storage in snap.storages:
@@ -552,7 +552,7 @@ def _finish_suspend(actor: Actor, snap: Snapshot) -> Decision:
         kept = tuple(s for s in snapshots if s.generation == snap.generation)
         for old in snapshots:
             if old.generation != snap.generation:
-                effects.extend(_owned_cleanup(old))
+                effects.extend(owned_cleanup(old))
         # Any local copy stays as a preference for placement, not as a pin.
         return _with(
             actor,
@@ -579,7 +579,7 @@ def _finish_suspend(actor: Actor, snap: Snapshot) -> Decision:
     kept = tuple(s for s in snapshots if s.generation in keep_gens)
     for old in snapshots:
         if old.generation not in keep_gens:
-            effects.extend(_owned_cleanup(old))
+            effects.extend(owned_cleanup(old))
     return _with(
         actor,
         state=S.SUSPENDED,
@@ -601,7 +601,7 @@ def _finish_revert(actor: Actor) -> Decision:
     for snap in status.snapshots:
         if keep is not None and snap.generation == keep.generation:
             continue
-        effects.extend(_owned_cleanup(snap))
+        effects.extend(owned_cleanup(snap))
     if keep is not None:
         local = keep.local()
         if local is not None and local.node is not None and local.local_name:
@@ -662,6 +662,7 @@ __all__ = [
     "allowed",
     "decide",
     "next_state",
+    "owned_cleanup",
     "pending_uploads",
     "refusal_message",
 ]

@@ -1,30 +1,4 @@
-"""The ports of the core: the ``Store`` protocol and the records that travel through it.
-
-Every adapter of :class:`Store` (``substrate.adapters.memory.MemoryStore``,
-``substrate.adapters.postgres.PostgresStore``) passes the one conformance suite in
-``substrate.testing.contracts.store``; the docstrings below are the contract it checks.
-
-Conventions shared by every method:
-
-* Records are frozen, so a returned record is never changed behind the caller's back,
-  and the record passed in is never modified.
-* The store owns ``metadata``: on create it assigns a fresh ``uid`` (a UUID4 string drawn
-  from the adapter's ``uid_factory``), ``version`` 1 and ``create_time == update_time``
-  (from the adapter's clock); whatever metadata the caller passes is ignored. Every
-  successful update or bind writes ``version + 1`` and a new ``update_time``, and keeps
-  ``uid`` and ``create_time`` whatever the ``mutate`` callback returned.
-* Optimistic concurrency: ``update_*`` need both ``expected_version`` and
-  ``expected_uid``; a missing one (``None`` or ``""``) raises :class:`InvalidArgument`
-  ("precondition required"). A uid mismatch (the record was deleted and re-created)
-  raises :class:`Conflict` whose description names the uid, and ``mutate`` never runs; a
-  version mismatch raises ``Conflict("concurrent update conflict, please retry")``.
-  ``delete_*`` take the same preconditions, but optional: ``None`` skips that check.
-* ``mutate`` callbacks are synchronous and pure; they get the stored record and return
-  the new one. An exception raised by ``mutate`` propagates unchanged and nothing is
-  written.
-* Any call may raise :class:`Unavailable` if the backing service cannot be reached, and
-  every call on a closed store raises :class:`Unavailable` ("store is closed").
-"""
+"""The ports of the core: the ``Store`` protocol and the records that travel through it."""
 
 from __future__ import annotations
 
@@ -115,7 +89,32 @@ class BindResult:
 
 
 class Store(Protocol):
-    """The ateapi store: atespaces, templates, actors, tags, workers, bindings, leases."""
+    """The ateapi store: atespaces, templates, actors, tags, workers, bindings, leases.
+
+    Every adapter (``substrate.adapters.memory.MemoryStore``,
+    ``substrate.adapters.postgres.PostgresStore``) passes the one conformance suite in
+    ``substrate.testing.contracts.store``; these docstrings are the contract it checks.
+    Conventions shared by every method:
+
+    * Records are frozen, so a returned record never changes behind the caller's back,
+      and the record passed in is never modified.
+    * The store owns ``metadata``: on create it assigns a fresh ``uid`` (a UUID4 string
+      from the adapter's ``uid_factory``), ``version`` 1 and ``create_time ==
+      update_time`` (from the adapter's clock); the metadata the caller passes is
+      ignored. Every successful update or bind writes ``version + 1`` and a new
+      ``update_time`` and keeps ``uid`` and ``create_time``, whatever ``mutate`` returned.
+    * Optimistic concurrency: ``update_*`` need both ``expected_version`` and
+      ``expected_uid``; a missing one (``None`` or ``""``) raises :class:`InvalidArgument`
+      ("precondition required"). A uid mismatch (the record was deleted and re-created)
+      raises :class:`Conflict` whose description names the uid, and ``mutate`` never
+      runs; a version mismatch raises ``Conflict("concurrent update conflict, please
+      retry")``. ``delete_*`` take the same preconditions, optional: ``None`` skips a check.
+    * ``mutate`` callbacks are synchronous and pure: they get the stored record and return
+      the new one. An exception raised by ``mutate`` propagates unchanged (the very same
+      object) and nothing is written.
+    * Any call may raise :class:`Unavailable` if the backing service cannot be reached,
+      and every call on a closed store raises ``Unavailable("store is closed")``.
+    """
 
     # --- atespaces ------------------------------------------------------------------
 
@@ -430,7 +429,7 @@ class Store(Protocol):
         """
         ...
 
-    async def renew_lease(self, lease: Lease, *, ttl: float) -> Lease:
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
         """Extend a lease still held by ``lease.token`` to ``now + ttl``.
 
         Raises :class:`InvalidArgument` if ``ttl <= 0``, :class:`LeaseHeld` if someone

@@ -46,8 +46,14 @@ def test_every_error_class_has_a_code() -> None:
 def test_from_grpc_round_trips_known_codes(code: e.GrpcCode) -> None:
     err = e.from_grpc(code, "desc")
     assert err.description == "desc"
-    if code in (e.GrpcCode.OK, e.GrpcCode.UNKNOWN, e.GrpcCode.OUT_OF_RANGE,
-                e.GrpcCode.UNIMPLEMENTED, e.GrpcCode.DATA_LOSS, e.GrpcCode.INTERNAL):
+    if code in (
+        e.GrpcCode.OK,
+        e.GrpcCode.UNKNOWN,
+        e.GrpcCode.OUT_OF_RANGE,
+        e.GrpcCode.UNIMPLEMENTED,
+        e.GrpcCode.DATA_LOSS,
+        e.GrpcCode.INTERNAL,
+    ):
         assert isinstance(err, e.Internal)
     else:
         assert err.code is code

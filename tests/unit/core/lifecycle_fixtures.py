@@ -126,7 +126,9 @@ def command_for(kind: lc.Command, actor: Actor) -> lc.LifecycleCommand:
                     )
                 )
             return lc.BeginSuspend(
-                snapshot=writing_gen(gen, local=StorageStatus.IN_PROGRESS, durable=StorageStatus.PENDING)
+                snapshot=writing_gen(
+                    gen, local=StorageStatus.IN_PROGRESS, durable=StorageStatus.PENDING
+                )
             )
         case lc.Command.FINISH_SUSPEND:
             return lc.FinishSuspend(

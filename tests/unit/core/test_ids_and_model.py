@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from substrate.core.ids import ActorRef, Labels, validate_dns_label, validate_selector
+from substrate.core.ids import ActorRef, Labels, TemplateRef, validate_dns_label, validate_selector
 from substrate.core.model import (
     ActorTemplate,
     Capacity,
@@ -17,7 +17,6 @@ from substrate.core.model import (
     Snapshot,
     SnapshotStorage,
 )
-from substrate.core.ids import TemplateRef
 from substrate.errors import InvalidArgument
 from substrate.testing import strategies as sst
 

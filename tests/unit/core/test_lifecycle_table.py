@@ -57,8 +57,7 @@ def test_original_wording_of_refusals() -> None:
         "want one of [RUNNING PAUSED CRASHED])"
     )
     with pytest.raises(IllegalTransition) as info:
-        lc.decide(actor_in(ActorState.RESUMING), lc.BeginSuspend(
-            snapshot=durable_gen(9)), now=0)
+        lc.decide(actor_in(ActorState.RESUMING), lc.BeginSuspend(snapshot=durable_gen(9)), now=0)
     assert info.value.description == (
         "MarkSuspending prerequisite not met for Actor: a/b (got: ACTOR_STATE_RESUMING, "
         "want ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED)"

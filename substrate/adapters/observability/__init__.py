@@ -1,0 +1,5 @@
+"""Metrics adapters (Prometheus)."""
+
+from substrate.adapters.observability.prometheus import PrometheusWorkflowMetrics
+
+__all__ = ["PrometheusWorkflowMetrics"]

@@ -1,0 +1,1 @@
+"""Adapter tier: behaviour outside the port contracts."""

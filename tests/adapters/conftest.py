@@ -1,0 +1,10 @@
+"""Adapter tests run on asyncio: asyncpg and the adapters' I/O need it."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"

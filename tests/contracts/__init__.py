@@ -1,0 +1,1 @@
+"""Conformance tier: the shipped contract suites run against every adapter."""
