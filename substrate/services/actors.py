@@ -138,6 +138,7 @@ class ActorService:
         self.new_id = new_id
         self._tg: TaskGroup | None = None
         self._upload_wakeup = anyio.Event()
+        self._golden_locks: dict[TemplateRef, anyio.Lock] = {}
 
     # --- lifetime ---------------------------------------------------------------------
 
@@ -178,8 +179,102 @@ class ActorService:
 
     async def create_template(self, template: ActorTemplate) -> ActorTemplate:
         template.validate()
-        await self.store.get_atespace(template.ref.atespace)
-        return await self.store.create_template(template)
+        try:
+            await self.store.get_atespace(template.ref.atespace)
+        except NotFound as exc:
+            raise FailedPrecondition(f"Atespace {template.ref.atespace} not found") from exc
+        created = await self.store.create_template(
+            attrs.evolve(template, golden_tag=None, golden_error="")
+        )
+        if created.golden_snapshot and self.config.golden_enabled and self._tg is not None:
+            self._spawn(self.ensure_golden, created.ref)
+        return created
+
+    # --- golden snapshots -------------------------------------------------------------
+
+    def golden_names(self, template: ActorTemplate) -> tuple[ActorRef, TagRef]:
+        """The golden actor and tag of a template (named after its uid, in ate-golden)."""
+        name = f"golden-{template.metadata.uid}".lower()[:63].rstrip("-")
+        return ActorRef(atespace=GOLDEN_ATESPACE, name=name), TagRef(
+            atespace=GOLDEN_ATESPACE, name=name
+        )
+
+    async def ensure_golden(self, ref: TemplateRef) -> ActorTemplate:
+        """Cold-boot the template's golden actor, suspend it once awake, tag it.
+
+        The tag becomes the template's ``golden_tag``: new actors of the template borrow its
+        snapshot, so their first resume restores memory instead of booting. Idempotent: it
+        continues from whatever an earlier, interrupted run left behind.
+        """
+        lock = self._golden_locks.setdefault(ref, anyio.Lock())
+        async with lock:
+            return await self._ensure_golden_locked(ref)
+
+    async def _ensure_golden_locked(self, ref: TemplateRef) -> ActorTemplate:
+        template = await self.store.get_template(ref)
+        if not template.golden_snapshot or template.golden_tag is not None:
+            return template
+        actor_ref, tag_ref = self.golden_names(template)
+        try:
+            with suppress(AlreadyExists):
+                await self.store.create_atespace(Atespace(name=GOLDEN_ATESPACE))
+            try:
+                tag = await self.store.get_tag(tag_ref)
+            except NotFound:
+                try:
+                    actor = await self.store.get_actor(actor_ref)
+                except NotFound:
+                    try:
+                        actor = await self.store.create_actor(
+                            Actor(ref=actor_ref, template=ref, status=ActorStatus())
+                        )
+                    except AlreadyExists:
+                        actor = await self.store.get_actor(actor_ref)
+                if actor.state is ActorState.CRASHED:  # an earlier attempt failed: start over
+                    actor = await self.revert(actor_ref)
+                if actor.state is not ActorState.SUSPENDED or not actor.status.snapshots:
+                    if actor.state is not ActorState.RUNNING:
+                        await self.resume(actor_ref)  # returns once every probe answered
+                    await self.suspend(actor_ref, SuspendMode.SYNC)
+                tag = await self.create_tag(tag_ref, actor_ref)
+            with suppress(NotFound):
+                await self.delete(actor_ref, force=True)
+        except (Aborted, AlreadyExists, Unavailable) as exc:
+            # Transient or raced by another replica: the next golden pass continues.
+            log.info("golden snapshot deferred", template=str(ref), error=exc.description)
+            return await self.store.get_template(ref)
+        except SubstrateError as exc:
+            error = exc.description or type(exc).__name__
+            log.warning("golden snapshot failed", template=str(ref), error=error)
+            current = await self.store.get_template(ref)
+            return await self.store.update_template(
+                ref,
+                expected_version=current.metadata.version,
+                expected_uid=current.metadata.uid,
+                mutate=lambda t: attrs.evolve(t, golden_error=error),
+            )
+        current = await self.store.get_template(ref)
+        log.info("golden snapshot ready", template=str(ref), tag=str(tag.ref))
+        return await self.store.update_template(
+            ref,
+            expected_version=current.metadata.version,
+            expected_uid=current.metadata.uid,
+            mutate=lambda t: attrs.evolve(t, golden_tag=tag.ref, golden_error=""),
+        )
+
+    async def golden_pass(self) -> int:
+        """Make every template's missing golden snapshot (one background pass)."""
+        made = 0
+        if not self.config.golden_enabled:
+            return 0
+        for atespace in await self.store.list_atespaces():
+            for template in await self.store.list_templates(atespace.name):
+                if template.golden_snapshot and template.golden_tag is None:
+                    if template.golden_error:
+                        continue  # reported; an update of the template retries
+                    out = await self.ensure_golden(template.ref)
+                    made += out.golden_tag is not None
+        return made
 
     async def update_template(self, template: ActorTemplate) -> ActorTemplate:
         template.validate()
@@ -192,7 +287,7 @@ class ActorService:
                 template,
                 metadata=old.metadata,
                 golden_tag=old.golden_tag if template.golden_snapshot else None,
-                golden_error=old.golden_error,
+                golden_error="",
             )
 
         return await self.store.update_template(
@@ -1202,6 +1297,7 @@ class ActorService:
             tg.start_soon(loop, self.reconcile_once, reconcile_every)
             tg.start_soon(loop, self.mark_unavailable, liveness_every)
             tg.start_soon(loop, self.upload_pending_once, upload_every, True)
+            tg.start_soon(loop, self.golden_pass, reconcile_every * 5)
 
     # --- helpers ----------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ class WorkerCache:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._run)
+        self._tg.start_soon(self._periodic_relist)
         return self
 
     async def __aexit__(
@@ -133,27 +134,27 @@ class WorkerCache:
             self._set_ready(True)
             self.synced_at = self._clock()
             log.info("worker cache synced", workers=len(self.index))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._periodic_relist)
-                async for event in events:
-                    if event.kind is WorkerEventKind.DELETED:
-                        current = self.index.get(event.worker.ref)
-                        if current is None or current.metadata.uid == event.worker.metadata.uid:
-                            self.index.remove(event.worker.ref)
-                    else:
-                        current = self.index.get(event.worker.ref)
-                        if (
-                            current is not None
-                            and current.metadata.uid != event.worker.metadata.uid
-                        ):
-                            self.index.remove(event.worker.ref)  # re-created under the name
-                        self.index.upsert(event.worker)
-                tg.cancel_scope.cancel()
+            async for event in events:
+                if event.kind is WorkerEventKind.DELETED:
+                    current = self.index.get(event.worker.ref)
+                    if current is None or current.metadata.uid == event.worker.metadata.uid:
+                        self.index.remove(event.worker.ref)
+                else:
+                    current = self.index.get(event.worker.ref)
+                    if current is not None and current.metadata.uid != event.worker.metadata.uid:
+                        self.index.remove(event.worker.ref)  # re-created under the name
+                    self.index.upsert(event.worker)
 
     async def _periodic_relist(self) -> None:
+        """Relist now and then, in case a change was missed; a failure waits for the next."""
         while True:
             await anyio.sleep(self._relist_every)
-            await self._relist()
+            if not self._is_ready:
+                continue
+            try:
+                await self._relist()
+            except SubstrateError as exc:
+                log.info("periodic relist failed", error=str(exc))
 
     async def _relist(self) -> None:
         workers = await self._store.list_workers()

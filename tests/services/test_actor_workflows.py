@@ -440,3 +440,62 @@ async def test_register_rejects_older_epoch_and_new_shape_replaces_worker(
 
 
 _ = Durability
+
+
+async def test_golden_snapshot_is_made_and_new_actors_borrow_it(make_store: StoreFactory) -> None:
+    from substrate.core.ids import GOLDEN_ATESPACE, TemplateRef
+
+    async with cluster(make_store) as c:
+        golden = attrs.evolve(
+            c.template, ref=TemplateRef(atespace="lab", name="gold"), golden_snapshot=True
+        )
+        created = await c.svc.create_template(golden)
+        assert created.golden_tag is None
+        ready = await c.svc.ensure_golden(created.ref)
+        assert ready.golden_tag is not None and ready.golden_error == ""
+        assert ready.golden_tag.atespace == GOLDEN_ATESPACE
+        golden_actor, _ = c.svc.golden_names(ready)
+        with pytest.raises(NotFound):
+            await c.store.get_actor(golden_actor)  # the tag owns the copy; the actor is gone
+        a = await c.svc.create_actor(ActorRef(atespace="lab", name="g1"), template=created.ref)
+        assert a.source_tag == ready.golden_tag
+        r = await c.svc.resume(a.ref)
+        assert r.source is RestoreSource.TAG
+        assert await c.svc.ensure_golden(created.ref) == await c.store.get_template(created.ref)
+
+
+async def test_golden_snapshot_failure_is_reported_on_the_template(
+    make_store: StoreFactory,
+) -> None:
+    from substrate.core.ids import TemplateRef
+
+    async with cluster(make_store) as c:
+        for agent in c.nodes.nodes.values():
+            agent.probe_fails = True
+        golden = attrs.evolve(
+            c.template, ref=TemplateRef(atespace="lab", name="gold"), golden_snapshot=True
+        )
+        created = await c.svc.create_template(golden)
+        out = await c.svc.ensure_golden(created.ref)
+        assert out.golden_tag is None
+        assert "wakeup probe" in out.golden_error
+
+
+async def test_golden_snapshot_retries_after_the_template_is_updated(
+    make_store: StoreFactory,
+) -> None:
+    from substrate.core.ids import TemplateRef
+
+    async with cluster(make_store) as c:
+        for agent in c.nodes.nodes.values():
+            agent.probe_fails = True
+        golden = attrs.evolve(
+            c.template, ref=TemplateRef(atespace="lab", name="gold"), golden_snapshot=True
+        )
+        created = await c.svc.create_template(golden)
+        assert (await c.svc.ensure_golden(created.ref)).golden_error
+        for agent in c.nodes.nodes.values():
+            agent.probe_fails = False
+        updated = await c.svc.update_template(await c.store.get_template(created.ref))
+        assert updated.golden_error == ""
+        assert (await c.svc.ensure_golden(created.ref)).golden_tag is not None
