@@ -4,11 +4,14 @@
   ``*Base`` servers (from ``proto/substrate/v1``; regenerate with ``make gen-proto``).
 * :mod:`substrate.api.convert`: model ⇄ wire conversion and request parsing.
 * :mod:`substrate.api.status`: substrate errors ⇄ grpclib statuses.
+* :mod:`substrate.api.authz`: which caller identity may call which RPC (a pure table).
+* :mod:`substrate.api.servicers` / :mod:`substrate.api.server`: ateapi's gRPC servicers and
+  server (import them directly; they pull in the service layer).
 
 Wire messages never enter ``substrate.core``; convert at the edge.
 """
 
-from substrate.api import convert, pb, status
+from substrate.api import authz, convert, pb, status
 from substrate.api.convert import (
     ActorSuspendRequestArgs,
     CreateActorArgs,
@@ -38,6 +41,7 @@ __all__ = [
     "ResumeResult",
     "SuspendActorArgs",
     "UpdateActorArgs",
+    "authz",
     "convert",
     "from_grpc_error",
     "grpc_errors",

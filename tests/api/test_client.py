@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from substrate.client import AteClient, SyncAteClient, parse_address
+from substrate.client._async import isolated
 from substrate.core.agent_ports import StartRequest, StartResult
 from substrate.core.ids import ActorRef, Labels
 from substrate.core.model import ActorState, SuspendMode, WorkerState
@@ -164,3 +167,25 @@ async def test_sync_client_runs_the_same_calls_blocking(pki: Pki) -> None:
                 router.delete_actor("lab/s0")
 
         await anyio.to_thread.run_sync(as_router)
+
+
+async def test_isolated_confines_a_self_cancelling_call_to_its_own_task() -> None:
+    async def like_grpclib() -> None:
+        # grpclib's deadline/connection-loss handling: cancel the calling task, then raise
+        # its own error instead of the CancelledError.
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            raise TimeoutError("deadline exceeded") from None
+
+    me = asyncio.current_task()
+    assert me is not None
+    with pytest.raises(TimeoutError, match="deadline"):
+        await isolated(like_grpclib)
+    assert me.cancelling() == 0
+    with anyio.CancelScope():  # a scope in this task still works normally
+        await anyio.lowlevel.checkpoint()
+    assert await isolated(anyio.sleep, 0) is None

@@ -1,0 +1,1 @@
+"""Shared bootstrap for the daemons: logging, signals, address parsing."""

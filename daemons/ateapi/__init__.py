@@ -1,0 +1,1 @@
+"""The ateapi daemon: the control plane's gRPC server."""
