@@ -7,6 +7,9 @@
 * :mod:`substrate.api.authz`: which caller identity may call which RPC (a pure table).
 * :mod:`substrate.api.servicers` / :mod:`substrate.api.server`: ateapi's gRPC servicers and
   server (import them directly; they pull in the service layer).
+* :mod:`substrate.api.atelet`: the ateapi ⇄ atelet contract, both sides: ``AteletServicer``
+  and ``serve_atelet`` (a node agent served over mTLS, callable by ateapi only), and
+  ``GrpcNodeAgent`` / ``GrpcNodeAgents`` (ateapi's client; import directly, like the server).
 
 Wire messages never enter ``substrate.core``; convert at the edge.
 """
@@ -17,6 +20,7 @@ from substrate.api.convert import (
     CreateActorArgs,
     CreateTagArgs,
     DeleteActorArgs,
+    DropSnapshotArgs,
     HeartbeatArgs,
     ListActorsArgs,
     ResumeResult,
@@ -36,6 +40,7 @@ __all__ = [
     "CreateActorArgs",
     "CreateTagArgs",
     "DeleteActorArgs",
+    "DropSnapshotArgs",
     "HeartbeatArgs",
     "ListActorsArgs",
     "ResumeResult",

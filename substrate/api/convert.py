@@ -13,6 +13,10 @@ Two kinds of functions live here:
   specs, and raise :class:`~substrate.errors.InvalidArgument` with a message naming the
   offending field.
 
+The node agent's records (:mod:`substrate.core.agent_ports`) travel the same way over the
+Atelet service: ``*_to_proto`` builds ateapi's requests (and atelet's replies), ``parse_*``
+and ``*_from_proto`` read them back, losing no field of the records.
+
 Model numbers of every enum equal the wire numbers (``tests/api/test_convert.py`` checks it).
 """
 
@@ -25,6 +29,15 @@ from typing import Final, TypeVar
 import attrs
 
 from substrate.api import pb
+from substrate.core.agent_ports import (
+    CheckpointMode,
+    CheckpointRequest,
+    CheckpointResult,
+    StartRequest,
+    StartResult,
+    UploadRequest,
+    WorkloadTarget,
+)
 from substrate.core.ids import (
     LABELS_MAX,
     SELECTOR_MAX_LABELS,
@@ -619,6 +632,7 @@ def worker_to_proto(worker: Worker) -> pb.Worker:
         last_heartbeat=worker.last_heartbeat,
         spiffe_id=worker.spiffe_id,
         tunnel_address=worker.tunnel_address,
+        atelet_address=worker.atelet_address,
     )
 
 
@@ -639,6 +653,7 @@ def worker_from_proto(worker: pb.Worker) -> Worker:
         last_heartbeat=worker.last_heartbeat,
         spiffe_id=worker.spiffe_id,
         tunnel_address=worker.tunnel_address,
+        atelet_address=worker.atelet_address,
     )
 
 
@@ -734,6 +749,26 @@ def parse_labels(
 def parse_selector(labels: Mapping[str, str], *, what: str = "worker selector") -> Labels:
     """A worker selector: at most ten labels, each valid."""
     return parse_labels(labels, what=what, limit=SELECTOR_MAX_LABELS)
+
+
+def parse_host_port(address: str, *, what: str = "address") -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port); the port must be in 1..65535."""
+    if address.startswith("["):
+        host, sep, rest = address[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        ok = bool(sep and host)
+    else:
+        host, _, port_text = address.rpartition(":")
+        ok = bool(host) and ":" not in host
+    digits = port_text.isascii() and port_text.isdigit()
+    if not ok or not digits or not 0 < int(port_text) < 65536:
+        raise InvalidArgument(f"{what} {address!r} must be host:port")
+    return host, int(port_text)
+
+
+def _checked_address(address: str, *, what: str) -> str:
+    parse_host_port(address, what=what)
+    return address
 
 
 # --- request parsing: Control -------------------------------------------------------------
@@ -957,6 +992,11 @@ def parse_register_worker(request: pb.RegisterWorkerRequest) -> Worker:
         epoch=_parse_epoch(request.epoch, what="worker epoch"),
         capacity=_parse_capacity(request.capacity, what="worker capacity"),
         tunnel_address=request.tunnel_address,
+        atelet_address=(
+            _checked_address(request.atelet_address, what="worker atelet address")
+            if request.atelet_address
+            else ""
+        ),
     )
 
 
@@ -983,6 +1023,360 @@ def parse_request_actor_suspend(request: pb.RequestActorSuspendRequest) -> Actor
     )
 
 
+# --- node agent (Atelet) ------------------------------------------------------------------
+#
+# ateapi's NodeAgent port (:mod:`substrate.core.agent_ports`) over the Atelet service. The
+# ``*_to_proto`` side is the client's (ateapi), the ``parse_*`` side the server's (atelet);
+# replies go the other way. Requests carry the records whole (template, snapshot, storage),
+# so ``parse_x(x_to_proto(r)) == r``; the flat fields are filled from the records and are
+# not read back.
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class DropSnapshotArgs:
+    """A validated DropSnapshot request."""
+
+    actor_uid: str
+    local_name: str
+
+
+def checkpoint_mode_to_proto(value: CheckpointMode) -> pb.CheckpointMode:
+    return pb.CheckpointMode(value.value)
+
+
+def checkpoint_mode_from_proto(value: int, *, what: str = "checkpoint mode") -> CheckpointMode:
+    return _enum_from_proto(value, CheckpointMode, what=what)
+
+
+def _actor_identity(
+    actor: ActorRef | None, actor_uid: str, template: ActorTemplate | None = None
+) -> pb.ActorIdentity:
+    return pb.ActorIdentity(
+        ref=pb.ObjectRef() if actor is None else object_ref_to_proto(actor),
+        uid=actor_uid,
+        template=pb.ObjectRef() if template is None else object_ref_to_proto(template.ref),
+        template_uid="" if template is None else template.metadata.uid,
+    )
+
+
+def _workload_spec(template: ActorTemplate) -> pb.WorkloadSpec:
+    return pb.WorkloadSpec(
+        containers=[container_to_proto(c) for c in template.containers],
+        sandbox_class=sandbox_class_to_proto(template.sandbox_class),
+    )
+
+
+def _copy_fidelity(snapshot: Snapshot) -> pb.Fidelity:
+    """What the snapshot's local copy holds (else its durable copy; UNSPECIFIED if none)."""
+    copy = snapshot.local() or snapshot.durable()
+    return pb.Fidelity(0) if copy is None else fidelity_to_proto(copy.fidelity)
+
+
+def _local_name(snapshot: Snapshot) -> str:
+    local = snapshot.local()
+    return "" if local is None else local.local_name
+
+
+def _durable_uri(snapshot: Snapshot) -> str:
+    durable = snapshot.durable()
+    return "" if durable is None else durable.uri
+
+
+def _parse_actor(identity: pb.ActorIdentity) -> tuple[ActorRef, str]:
+    actor = parse_actor_ref(identity.ref)
+    if not identity.uid:
+        raise InvalidArgument("actor uid is required")
+    return actor, identity.uid
+
+
+def _parse_node(name: str) -> NodeRef:
+    return NodeRef(validate_dns_subdomain(name, what="node"))
+
+
+def _parse_target(
+    identity: pb.ActorIdentity, worker: str, worker_epoch: int, node: str
+) -> WorkloadTarget:
+    actor, uid = _parse_actor(identity)
+    if worker_epoch < 0:
+        raise InvalidArgument(f"worker epoch must not be negative (got {worker_epoch})")
+    return WorkloadTarget(
+        actor=actor,
+        actor_uid=uid,
+        worker=parse_worker_name(worker),
+        node=_parse_node(node),
+        worker_epoch=worker_epoch,
+    )
+
+
+def _required_template(template: pb.ActorTemplate | None) -> ActorTemplate:
+    if template is None:
+        raise InvalidArgument("template is required")
+    return actor_template_from_proto(template)
+
+
+def _required_snapshot(snapshot: pb.Snapshot | None, *, what: str = "snapshot") -> Snapshot:
+    if snapshot is None:
+        raise InvalidArgument(f"{what} is required")
+    return snapshot_from_proto(snapshot)
+
+
+# start: Run (cold boot) or Restore
+
+
+def start_request_to_proto(request: StartRequest) -> pb.RunRequest | pb.RestoreRequest:
+    """A Run request for a cold boot, a Restore request when a snapshot is given."""
+    t, template = request.target, request.template
+    identity = _actor_identity(t.actor, t.actor_uid, template)
+    if request.snapshot is None:
+        if request.storage is not None:
+            raise InvalidArgument("a cold boot reads no snapshot storage")
+        return pb.RunRequest(
+            actor=identity,
+            worker=t.worker.name,
+            worker_epoch=t.worker_epoch,
+            spec=_workload_spec(template),
+            resources=resources_to_proto(template.resources),
+            node=t.node.name,
+            template=actor_template_to_proto(template),
+            fidelity=fidelity_to_proto(request.fidelity),
+        )
+    snap, storage = request.snapshot, request.storage
+    if storage is None:
+        raise InvalidArgument("a restore needs the snapshot storage to read")
+    durable = storage.durability is Durability.DURABLE
+    return pb.RestoreRequest(
+        actor=identity,
+        worker=t.worker.name,
+        worker_epoch=t.worker_epoch,
+        spec=_workload_spec(template),
+        resources=resources_to_proto(template.resources),
+        snapshot=pb.RestoreSnapshot(
+            snapshot_id=snap.snapshot_id,
+            generation=snap.generation,
+            fidelity=fidelity_to_proto(request.fidelity),
+            object_uri=storage.uri if durable else "",
+            local_name="" if durable else storage.local_name,
+            owner=snapshot_owner_to_proto(snap.owner),
+            tag=pb.ObjectRef() if snap.source_tag is None else object_ref_to_proto(snap.source_tag),
+            runtime_version=snap.runtime_version,
+            record=snapshot_to_proto(snap),
+            storage=snapshot_storage_to_proto(storage),
+        ),
+        node=t.node.name,
+        template=actor_template_to_proto(template),
+    )
+
+
+def parse_run(request: pb.RunRequest) -> StartRequest:
+    """A cold boot; an UNSPECIFIED fidelity is MEMORY."""
+    return StartRequest(
+        target=_parse_target(request.actor, request.worker, request.worker_epoch, request.node),
+        template=_required_template(request.template),
+        fidelity=fidelity_from_proto(request.fidelity, default=Fidelity.MEMORY),
+    )
+
+
+def parse_restore(request: pb.RestoreRequest) -> StartRequest:
+    snap = request.snapshot
+    if snap.storage is None:
+        raise InvalidArgument("restore snapshot storage is required")
+    return StartRequest(
+        target=_parse_target(request.actor, request.worker, request.worker_epoch, request.node),
+        template=_required_template(request.template),
+        snapshot=_required_snapshot(snap.record, what="restore snapshot record"),
+        storage=snapshot_storage_from_proto(snap.storage),
+        fidelity=fidelity_from_proto(snap.fidelity, what="restore fidelity"),
+    )
+
+
+def run_response_to_proto(result: StartResult) -> pb.RunResponse:
+    return pb.RunResponse(
+        worker_epoch=result.worker_epoch,
+        pod_ips=list(result.pod_ips),
+        timings=pb.Timings(total_seconds=result.duration),
+    )
+
+
+def restore_response_to_proto(result: StartResult, *, fidelity: Fidelity) -> pb.RestoreResponse:
+    """``fidelity`` is what the request asked to restore (the port reports no other)."""
+    return pb.RestoreResponse(
+        worker_epoch=result.worker_epoch,
+        pod_ips=list(result.pod_ips),
+        fidelity=fidelity_to_proto(fidelity),
+        timings=pb.Timings(total_seconds=result.duration),
+    )
+
+
+def start_result_from_proto(response: pb.RunResponse | pb.RestoreResponse) -> StartResult:
+    return StartResult(
+        worker_epoch=response.worker_epoch,
+        pod_ips=tuple(response.pod_ips),
+        duration=response.timings.total_seconds,
+    )
+
+
+# checkpoint
+
+
+def checkpoint_request_to_proto(request: CheckpointRequest) -> pb.CheckpointRequest:
+    t, snap = request.target, request.snapshot
+    return pb.CheckpointRequest(
+        actor=_actor_identity(t.actor, t.actor_uid, request.template),
+        worker=t.worker.name,
+        worker_epoch=t.worker_epoch,
+        mode=checkpoint_mode_to_proto(request.mode),
+        snapshot_id=snap.snapshot_id,
+        generation=snap.generation,
+        fidelity=_copy_fidelity(snap),
+        destination_uri=_durable_uri(snap),
+        node=t.node.name,
+        template=actor_template_to_proto(request.template),
+        snapshot=snapshot_to_proto(snap),
+        local_name=_local_name(snap),
+    )
+
+
+def parse_checkpoint(request: pb.CheckpointRequest) -> CheckpointRequest:
+    return CheckpointRequest(
+        target=_parse_target(request.actor, request.worker, request.worker_epoch, request.node),
+        template=_required_template(request.template),
+        mode=checkpoint_mode_from_proto(request.mode),
+        snapshot=_required_snapshot(request.snapshot, what="checkpoint snapshot"),
+    )
+
+
+def checkpoint_result_to_proto(
+    result: CheckpointResult, *, worker_epoch: int
+) -> pb.CheckpointResponse:
+    """``worker_epoch`` is the request's (the port reports no other)."""
+    snap = result.snapshot
+    return pb.CheckpointResponse(
+        worker_epoch=worker_epoch,
+        storages=[snapshot_storage_to_proto(s) for s in snap.storages],
+        runtime_version=snap.runtime_version,
+        snapshot=snapshot_to_proto(snap),
+        upload_error=result.upload_error,
+    )
+
+
+def checkpoint_result_from_proto(response: pb.CheckpointResponse) -> CheckpointResult:
+    return CheckpointResult(
+        snapshot=_required_snapshot(response.snapshot, what="checkpoint reply snapshot"),
+        upload_error=response.upload_error,
+    )
+
+
+# upload and detach (no worker: they act on the node's snapshot directory)
+
+
+def upload_request_to_proto(request: UploadRequest) -> pb.UploadSnapshotRequest:
+    snap = request.snapshot
+    return pb.UploadSnapshotRequest(
+        actor=_actor_identity(request.actor, request.actor_uid),
+        snapshot_id=snap.snapshot_id,
+        generation=snap.generation,
+        local_name=_local_name(snap),
+        destination_uri=_durable_uri(snap),
+        fidelity=_copy_fidelity(snap),
+        node=request.node.name,
+        snapshot=snapshot_to_proto(snap),
+    )
+
+
+def _parse_upload(
+    identity: pb.ActorIdentity, node: str, snapshot: pb.Snapshot | None
+) -> UploadRequest:
+    actor, uid = _parse_actor(identity)
+    return UploadRequest(
+        actor=actor,
+        actor_uid=uid,
+        node=_parse_node(node),
+        snapshot=_required_snapshot(snapshot),
+    )
+
+
+def parse_upload_snapshot(request: pb.UploadSnapshotRequest) -> UploadRequest:
+    return _parse_upload(request.actor, request.node, request.snapshot)
+
+
+def upload_result_to_proto(snapshot: Snapshot) -> pb.UploadSnapshotResponse:
+    durable = snapshot.durable()
+    return pb.UploadSnapshotResponse(
+        storage=pb.SnapshotStorage() if durable is None else snapshot_storage_to_proto(durable),
+        snapshot=snapshot_to_proto(snapshot),
+    )
+
+
+def upload_result_from_proto(response: pb.UploadSnapshotResponse) -> Snapshot:
+    return _required_snapshot(response.snapshot, what="upload reply snapshot")
+
+
+def detach_request_to_proto(request: UploadRequest) -> pb.DetachRequest:
+    snap = request.snapshot
+    durable = snap.durable()
+    name = _local_name(snap)
+    upload = durable is not None and not durable.completed
+    return pb.DetachRequest(
+        actor=_actor_identity(request.actor, request.actor_uid),
+        local_names=[name] if name else [],
+        upload_local_name=name if upload else "",
+        snapshot_id=snap.snapshot_id,
+        generation=snap.generation,
+        destination_uri=_durable_uri(snap),
+        fidelity=_copy_fidelity(snap),
+        node=request.node.name,
+        snapshot=snapshot_to_proto(snap),
+    )
+
+
+def parse_detach(request: pb.DetachRequest) -> UploadRequest:
+    return _parse_upload(request.actor, request.node, request.snapshot)
+
+
+def detach_result_to_proto(snapshot: Snapshot) -> pb.DetachResponse:
+    durable = snapshot.durable()
+    return pb.DetachResponse(
+        storage=None if durable is None else snapshot_storage_to_proto(durable),
+        snapshot=snapshot_to_proto(snapshot),
+    )
+
+
+def detach_result_from_proto(response: pb.DetachResponse) -> Snapshot:
+    return _required_snapshot(response.snapshot, what="detach reply snapshot")
+
+
+# terminate and drop
+
+
+def terminate_request_to_proto(target: WorkloadTarget) -> pb.TerminateRequest:
+    return pb.TerminateRequest(
+        actor=_actor_identity(target.actor, target.actor_uid),
+        worker=target.worker.name,
+        worker_epoch=target.worker_epoch,
+        node=target.node.name,
+    )
+
+
+def parse_terminate(request: pb.TerminateRequest) -> WorkloadTarget:
+    return _parse_target(request.actor, request.worker, request.worker_epoch, request.node)
+
+
+def drop_snapshot_request_to_proto(actor_uid: str, local_name: str) -> pb.DropSnapshotRequest:
+    return pb.DropSnapshotRequest(actor=_actor_identity(None, actor_uid), local_name=local_name)
+
+
+def parse_drop_snapshot(request: pb.DropSnapshotRequest) -> DropSnapshotArgs:
+    """The local name must be one directory name (never empty, ``.``, ``..`` or a path)."""
+    if not request.actor.uid:
+        raise InvalidArgument("actor uid is required")
+    name = request.local_name
+    if not name:
+        raise InvalidArgument("local snapshot name is required")
+    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise InvalidArgument(f"local snapshot name {name!r} must be a single directory name")
+    return DropSnapshotArgs(actor_uid=request.actor.uid, local_name=name)
+
+
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_POOL",
@@ -991,6 +1385,7 @@ __all__ = [
     "CreateActorArgs",
     "CreateTagArgs",
     "DeleteActorArgs",
+    "DropSnapshotArgs",
     "HeartbeatArgs",
     "ListActorsArgs",
     "ResumeResult",
@@ -1009,10 +1404,19 @@ __all__ = [
     "atespace_to_proto",
     "capacity_from_proto",
     "capacity_to_proto",
+    "checkpoint_mode_from_proto",
+    "checkpoint_mode_to_proto",
+    "checkpoint_request_to_proto",
+    "checkpoint_result_from_proto",
+    "checkpoint_result_to_proto",
     "container_from_proto",
     "container_to_proto",
     "crash_from_proto",
     "crash_to_proto",
+    "detach_request_to_proto",
+    "detach_result_from_proto",
+    "detach_result_to_proto",
+    "drop_snapshot_request_to_proto",
     "durability_from_proto",
     "durability_to_proto",
     "env_var_from_proto",
@@ -1026,6 +1430,7 @@ __all__ = [
     "object_ref_to_proto",
     "parse_actor_ref",
     "parse_atespace",
+    "parse_checkpoint",
     "parse_create_actor",
     "parse_create_actor_template",
     "parse_create_atespace",
@@ -1034,13 +1439,16 @@ __all__ = [
     "parse_delete_actor_template",
     "parse_delete_atespace",
     "parse_delete_tag",
+    "parse_detach",
     "parse_drain_worker",
+    "parse_drop_snapshot",
     "parse_get_actor",
     "parse_get_actor_template",
     "parse_get_atespace",
     "parse_get_tag",
     "parse_get_worker",
     "parse_heartbeat",
+    "parse_host_port",
     "parse_labels",
     "parse_list_actor_templates",
     "parse_list_actors",
@@ -1049,23 +1457,29 @@ __all__ = [
     "parse_pause_actor",
     "parse_register_worker",
     "parse_request_actor_suspend",
+    "parse_restore",
     "parse_resume_actor",
     "parse_revert_actor",
+    "parse_run",
     "parse_selector",
     "parse_suspend_actor",
     "parse_tag_ref",
     "parse_template_ref",
+    "parse_terminate",
     "parse_update_actor",
     "parse_update_actor_template",
+    "parse_upload_snapshot",
     "parse_worker_name",
     "probe_from_proto",
     "probe_to_proto",
     "resources_from_proto",
     "resources_to_proto",
+    "restore_response_to_proto",
     "restore_source_from_proto",
     "restore_source_to_proto",
     "resume_result_from_proto",
     "resume_result_to_proto",
+    "run_response_to_proto",
     "sandbox_class_from_proto",
     "sandbox_class_to_proto",
     "snapshot_config_from_proto",
@@ -1076,6 +1490,8 @@ __all__ = [
     "snapshot_storage_from_proto",
     "snapshot_storage_to_proto",
     "snapshot_to_proto",
+    "start_request_to_proto",
+    "start_result_from_proto",
     "storage_status_from_proto",
     "storage_status_to_proto",
     "suspend_mode_from_proto",
@@ -1084,6 +1500,10 @@ __all__ = [
     "tag_ref_from_proto",
     "tag_to_proto",
     "template_ref_from_proto",
+    "terminate_request_to_proto",
+    "upload_request_to_proto",
+    "upload_result_from_proto",
+    "upload_result_to_proto",
     "worker_assignment_from_proto",
     "worker_assignment_to_proto",
     "worker_from_proto",

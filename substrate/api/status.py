@@ -47,16 +47,20 @@ def grpc_status(error: BaseException) -> Status:
     return STATUS_BY_CODE[grpc_code(error)]
 
 
-def to_grpc_error(error: BaseException) -> GRPCError:
+def to_grpc_error(error: BaseException, *, expose_internal: bool = False) -> GRPCError:
     """The ``GRPCError`` a server raises for ``error``.
 
     A ``GRPCError`` passes through unchanged. A substrate error keeps its description as
     the status message, except when it maps to INTERNAL (a bug, by definition): then, as
-    for every other exception, the message is the generic :data:`INTERNAL_MESSAGE`.
+    for every other exception, the message is the generic :data:`INTERNAL_MESSAGE` —
+    unless ``expose_internal`` is set, which services talking only to trusted components
+    (atelet → ateapi) use so that a crash message says what failed on the node.
     """
     if isinstance(error, GRPCError):
         return error
     status = grpc_status(error)
+    if expose_internal and isinstance(error, SubstrateError) and error.description:
+        return GRPCError(status, error.description)
     if status is Status.INTERNAL or not isinstance(error, SubstrateError):
         return GRPCError(Status.INTERNAL, INTERNAL_MESSAGE)
     return GRPCError(status, error.description or None)
@@ -68,7 +72,7 @@ def from_grpc_error(error: GRPCError) -> SubstrateError:
 
 
 @contextmanager
-def grpc_errors() -> Iterator[None]:
+def grpc_errors(*, expose_internal: bool = False) -> Iterator[None]:
     """Server side: re-raise any exception from the block as its ``GRPCError``.
 
     Only ``Exception`` is translated; cancellation and other ``BaseException`` propagate.
@@ -79,7 +83,7 @@ def grpc_errors() -> Iterator[None]:
     except GRPCError:
         raise
     except Exception as exc:
-        raise to_grpc_error(exc) from exc
+        raise to_grpc_error(exc, expose_internal=expose_internal) from exc
 
 
 @contextmanager

@@ -447,6 +447,8 @@ class Worker:
     spiffe_id: str = ""
     tunnel_address: str = ""
     """``host:port`` of the worker's atunnel listener."""
+    atelet_address: str = ""
+    """``host:port`` of the gRPC listener of the node's atelet (how ateapi reaches the node)."""
 
     def can_restore(self, runtime_version: str) -> bool:
         return not runtime_version or runtime_version in self.runtime_versions

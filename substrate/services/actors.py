@@ -430,8 +430,8 @@ class ActorService:
             generation=generation,
             worker=str(assignment.worker),
         )
-        agent = self.agents.for_node(assignment.node)
         try:
+            agent = self.agents.for_node(assignment.node)
             with (
                 steps.step("restore" if source else "run"),
                 anyio.fail_after(self.config.start_timeout),
@@ -724,8 +724,8 @@ class ActorService:
                 actor = await self._apply(actor, command)
         a = actor.status.assignment
         assert a is not None
-        agent = self.agents.for_node(a.node)
         try:
+            agent = self.agents.for_node(a.node)
             with steps.step("checkpoint"), anyio.fail_after(self.config.checkpoint_timeout):
                 result = await agent.checkpoint(
                     CheckpointRequest(
@@ -998,6 +998,7 @@ class ActorService:
                 runtime_versions=worker.runtime_versions,
                 spiffe_id=worker.spiffe_id or old.spiffe_id,
                 tunnel_address=worker.tunnel_address or old.tunnel_address,
+                atelet_address=worker.atelet_address or old.atelet_address,
             )
 
         if (

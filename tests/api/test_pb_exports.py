@@ -39,7 +39,7 @@ RPCS = {
         "ListWorkers GetWorker DrainWorker"
     ),
     "WorkerRegistry": "RegisterWorker Heartbeat RequestActorSuspend",
-    "Atelet": "Run Restore Checkpoint UploadSnapshot Terminate Detach",
+    "Atelet": "Run Restore Checkpoint UploadSnapshot Terminate Detach DropSnapshot",
     "Ateworker": (
         "RunWorkload RestoreWorkload CheckpointWorkload TerminateWorkload GetWorkloadStats"
     ),

@@ -145,9 +145,17 @@ class CheckpointMode(betterproto.Enum):
     Keep the snapshot on the node only (the actor is pinned to the node).
     """
 
-    SUSPEND = 2
+    SUSPEND_ASYNC = 2
     """
-    Keep a local copy and, if a destination is given, upload it before answering.
+    Keep a local copy now; the durable copy is uploaded later (UploadSnapshot).
+    """
+
+    SUSPEND_SYNC = 3
+    """
+    Keep a local copy, then upload it to the durable destination before answering. The
+     object store is checked first: if it does not answer, nothing is checkpointed and the
+     call fails UNAVAILABLE (the actor keeps running). An upload that fails after the
+     checkpoint is reported in upload_error (the local copy is kept and retried).
     """
 
 
@@ -563,6 +571,11 @@ class Worker(betterproto.Message):
     tunnel_address: str = betterproto.string_field(15)
     """host:port of its atunnel listener."""
 
+    atelet_address: str = betterproto.string_field(16)
+    """
+    host:port of its node's atelet gRPC listener (how ateapi reaches the node).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class Tag(betterproto.Message):
@@ -672,6 +685,14 @@ class RestoreSnapshot(betterproto.Message):
     runtime_version: str = betterproto.string_field(8)
     """Runtime that wrote a MEMORY snapshot."""
 
+    record: Optional["Snapshot"] = betterproto.message_field(9, optional=True)
+    """
+    The snapshot's record, whole (the fields above repeat parts of it); required.
+    """
+
+    storage: Optional["SnapshotStorage"] = betterproto.message_field(10, optional=True)
+    """The copy to read (object_uri or local_name above name it); required."""
+
 
 @dataclass(eq=False, repr=False)
 class RunRequest(betterproto.Message):
@@ -691,6 +712,21 @@ class RunRequest(betterproto.Message):
 
     resources: "Resources" = betterproto.message_field(5)
     """Limits of the sandbox."""
+
+    node: str = betterproto.string_field(6)
+    """The node of the worker."""
+
+    template: Optional["ActorTemplate"] = betterproto.message_field(7, optional=True)
+    """
+    The template the actor runs, whole (spec, resources and the identity's template fields
+     repeat parts of it); required.
+    """
+
+    fidelity: "Fidelity" = betterproto.enum_field(8)
+    """
+    The fidelity ateapi planned for the start; a cold boot restores nothing, so this is
+     informational. UNSPECIFIED means MEMORY.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -729,6 +765,15 @@ class RestoreRequest(betterproto.Message):
     snapshot: "RestoreSnapshot" = betterproto.message_field(6)
     """The snapshot to restore."""
 
+    node: str = betterproto.string_field(7)
+    """The node of the worker."""
+
+    template: Optional["ActorTemplate"] = betterproto.message_field(8, optional=True)
+    """
+    The template the actor runs, whole (spec, resources and the identity's template fields
+     repeat parts of it); required.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RestoreResponse(betterproto.Message):
@@ -761,7 +806,7 @@ class CheckpointRequest(betterproto.Message):
     """The worker epoch ateapi expects (0 = do not check)."""
 
     mode: "CheckpointMode" = betterproto.enum_field(4)
-    """PAUSE (local only) or SUSPEND."""
+    """PAUSE (local only), SUSPEND_ASYNC or SUSPEND_SYNC."""
 
     snapshot_id: str = betterproto.string_field(5)
     """Id of the new snapshot."""
@@ -770,12 +815,29 @@ class CheckpointRequest(betterproto.Message):
     """Generation of the new snapshot."""
 
     fidelity: "Fidelity" = betterproto.enum_field(7)
-    """What to capture."""
+    """What to capture (the fidelity of the local copy)."""
 
     destination_uri: str = betterproto.string_field(8)
     """
-    SUSPEND only: object-store prefix to upload to before answering; empty keeps the
-     snapshot local (upload later with UploadSnapshot).
+    SUSPEND modes: object-store prefix of the durable copy (uploaded before answering by
+     SUSPEND_SYNC, later with UploadSnapshot by SUSPEND_ASYNC); empty for PAUSE.
+    """
+
+    node: str = betterproto.string_field(9)
+    """The node of the worker."""
+
+    template: Optional["ActorTemplate"] = betterproto.message_field(10, optional=True)
+    """The template the actor runs, whole; required."""
+
+    snapshot: Optional["Snapshot"] = betterproto.message_field(11, optional=True)
+    """
+    The generation being written, whole: its LOCAL copy names the directory, its DURABLE
+     copy (suspend modes) the destination; required.
+    """
+
+    local_name: str = betterproto.string_field(12)
+    """
+    Directory name of the local copy to write (the LOCAL copy's local_name).
     """
 
 
@@ -797,6 +859,17 @@ class CheckpointResponse(betterproto.Message):
 
     timings: "Timings" = betterproto.message_field(5)
     """Phase timings."""
+
+    snapshot: Optional["Snapshot"] = betterproto.message_field(6, optional=True)
+    """
+    The generation written, with its copies' final statuses (the DURABLE copy stays
+     PENDING unless it was uploaded); required.
+    """
+
+    upload_error: str = betterproto.string_field(7)
+    """
+    Why a SUSPEND_SYNC upload did not complete (the local copy is kept and retried).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -821,6 +894,14 @@ class UploadSnapshotRequest(betterproto.Message):
     fidelity: "Fidelity" = betterproto.enum_field(6)
     """What the local copy holds."""
 
+    node: str = betterproto.string_field(7)
+    """The node holding the local copy."""
+
+    snapshot: Optional["Snapshot"] = betterproto.message_field(8, optional=True)
+    """
+    The snapshot, whole: its LOCAL copy is read, its DURABLE copy written; required.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class UploadSnapshotResponse(betterproto.Message):
@@ -835,6 +916,9 @@ class UploadSnapshotResponse(betterproto.Message):
     timings: "Timings" = betterproto.message_field(3)
     """Phase timings."""
 
+    snapshot: Optional["Snapshot"] = betterproto.message_field(4, optional=True)
+    """The snapshot with its DURABLE copy COMPLETED; required."""
+
 
 @dataclass(eq=False, repr=False)
 class TerminateRequest(betterproto.Message):
@@ -848,6 +932,9 @@ class TerminateRequest(betterproto.Message):
 
     worker_epoch: int = betterproto.int64_field(3)
     """The worker epoch ateapi expects (0 = do not check)."""
+
+    node: str = betterproto.string_field(4)
+    """The node of the worker."""
 
 
 @dataclass(eq=False, repr=False)
@@ -888,6 +975,15 @@ class DetachRequest(betterproto.Message):
     fidelity: "Fidelity" = betterproto.enum_field(7)
     """What the uploaded copy holds."""
 
+    node: str = betterproto.string_field(8)
+    """The node holding the local copy."""
+
+    snapshot: Optional["Snapshot"] = betterproto.message_field(9, optional=True)
+    """
+    The snapshot, whole: uploaded to its DURABLE copy unless that is COMPLETED already,
+     then its LOCAL copy is dropped; required.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class DetachResponse(betterproto.Message):
@@ -898,6 +994,27 @@ class DetachResponse(betterproto.Message):
 
     timings: "Timings" = betterproto.message_field(2)
     """Phase timings."""
+
+    snapshot: Optional["Snapshot"] = betterproto.message_field(3, optional=True)
+    """The snapshot without its LOCAL copy; required."""
+
+
+@dataclass(eq=False, repr=False)
+class DropSnapshotRequest(betterproto.Message):
+    """DropSnapshot input."""
+
+    actor: "ActorIdentity" = betterproto.message_field(1)
+    """The actor (ref may be empty; uid is required)."""
+
+    local_name: str = betterproto.string_field(2)
+    """Directory name of the local copy to delete."""
+
+
+@dataclass(eq=False, repr=False)
+class DropSnapshotResponse(betterproto.Message):
+    """DropSnapshot output (empty)."""
+
+    pass
 
 
 @dataclass(eq=False, repr=False)
@@ -1300,6 +1417,11 @@ class RegisterWorkerRequest(betterproto.Message):
     tunnel_address: str = betterproto.string_field(10)
     """host:port of its atunnel listener."""
 
+    atelet_address: str = betterproto.string_field(11)
+    """
+    host:port of the node's atelet gRPC listener (empty keeps the registered one).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RegisterWorkerResponse(betterproto.Message):
@@ -1695,6 +1817,23 @@ class AteletStub(betterproto.ServiceStub):
             "/substrate.v1.Atelet/Detach",
             detach_request,
             DetachResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def drop_snapshot(
+        self,
+        drop_snapshot_request: "DropSnapshotRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "DropSnapshotResponse":
+        return await self._unary_unary(
+            "/substrate.v1.Atelet/DropSnapshot",
+            drop_snapshot_request,
+            DropSnapshotResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -2294,6 +2433,11 @@ class AteletBase(ServiceBase):
     async def detach(self, detach_request: "DetachRequest") -> "DetachResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def drop_snapshot(
+        self, drop_snapshot_request: "DropSnapshotRequest"
+    ) -> "DropSnapshotResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_run(
         self, stream: "grpclib.server.Stream[RunRequest, RunResponse]"
     ) -> None:
@@ -2337,6 +2481,13 @@ class AteletBase(ServiceBase):
         response = await self.detach(request)
         await stream.send_message(response)
 
+    async def __rpc_drop_snapshot(
+        self, stream: "grpclib.server.Stream[DropSnapshotRequest, DropSnapshotResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.drop_snapshot(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/substrate.v1.Atelet/Run": grpclib.const.Handler(
@@ -2374,6 +2525,12 @@ class AteletBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DetachRequest,
                 DetachResponse,
+            ),
+            "/substrate.v1.Atelet/DropSnapshot": grpclib.const.Handler(
+                self.__rpc_drop_snapshot,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DropSnapshotRequest,
+                DropSnapshotResponse,
             ),
         }
 
