@@ -824,9 +824,7 @@ class ActorService:
         with steps.step("discard"):
             await self._terminate_if_alive(actor)
         with steps.step("finalize"):
-            decision = lc.decide(actor, lc.FinishRevert(), now=self.clock())
-            assert decision.actor is not None
-            actor = await self._persist(actor, decision)
+            actor = await self._apply(actor, lc.FinishRevert())
         return actor
 
     async def delete(self, ref: ActorRef, *, force: bool = False) -> None:
@@ -1327,26 +1325,61 @@ class ActorService:
             raise FailedPrecondition(f"ActorTemplate {actor.template} not found") from exc
 
     async def _apply(self, actor: Actor, command: lc.LifecycleCommand) -> Actor:
-        """Decide on the freshest record and persist, running the decision's effects."""
-        decision = lc.decide(actor, command, now=self.clock())
-        if not decision.changed:
+        """Decide ``command`` on the stored record, persist it, run the decision's effects.
+
+        The workflow holds the actor's lease, but background passes (the uploader) may
+        update the record without it; a version conflict therefore re-reads and decides
+        again on the fresh record (decisions are pure and idempotent), as long as it is the
+        same actor (same uid).
+        """
+        decisions: list[lc.Decision] = []
+
+        def mutate(stored: Actor) -> Actor:
+            decision = lc.decide(stored, command, now=self.clock())
+            decisions.append(decision)
+            assert decision.actor is not None
+            return decision.actor
+
+        first = lc.decide(actor, command, now=self.clock())
+        if not first.changed:
             return actor
-        return await self._persist(actor, decision)
+        updated = await self._write(actor, mutate)
+        await self._run_effects(updated, decisions[-1].effects)
+        return updated
 
     async def _persist(self, actor: Actor, decision: lc.Decision) -> Actor:
+        """Persist a decision made on ``actor`` (re-deciding on a fresher record is the
+        caller's job: use :meth:`_apply` for commands)."""
         assert decision.actor is not None
         new = decision.actor
-        updated = await self.store.update_actor(
-            actor.ref,
-            expected_version=actor.metadata.version,
-            expected_uid=actor.metadata.uid,
-            mutate=lambda _a: new,
-        )
+        updated = await self._write(actor, lambda _a: new, retry=False)
         await self._run_effects(updated, decision.effects)
         return updated
 
+    async def _write(
+        self, actor: Actor, mutate: Callable[[Actor], Actor], *, retry: bool = True
+    ) -> Actor:
+        version = actor.metadata.version
+        for _ in range(5):
+            try:
+                return await self.store.update_actor(
+                    actor.ref,
+                    expected_version=version,
+                    expected_uid=actor.metadata.uid,
+                    mutate=mutate,
+                )
+            except Conflict:
+                if not retry:
+                    raise
+                fresh = await self.store.get_actor(actor.ref)
+                if fresh.metadata.uid != actor.metadata.uid:
+                    raise
+                version = fresh.metadata.version
+        raise Aborted(f"actor {actor.ref} kept changing; try again")
+
     async def _update(self, actor: Actor, change: Callable[[Actor], object]) -> Actor:
-        """Optimistic update with a pure ``change`` (a Decision or an Actor)."""
+        """Optimistic update with a pure ``change`` (a Decision or an Actor) of the stored
+        record; retried on the fresh record after a concurrent background update."""
 
         def mutate(stored: Actor) -> Actor:
             out = change(stored)
@@ -1356,12 +1389,7 @@ class ActorService:
             assert isinstance(out, Actor)
             return out
 
-        return await self.store.update_actor(
-            actor.ref,
-            expected_version=actor.metadata.version,
-            expected_uid=actor.metadata.uid,
-            mutate=mutate,
-        )
+        return await self._write(actor, mutate)
 
     async def _update_fresh(
         self, ref: ActorRef, change: Callable[[Actor], Actor], attempts: int = 5
