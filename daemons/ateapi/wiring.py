@@ -8,13 +8,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import anyio
 import structlog
 from prometheus_client import generate_latest
-from substrate.api.atelet import GrpcNodeAgents
 
 from daemons._common.lifecycle import run_until_signal
 from daemons.ateapi.settings import Settings
 from substrate.adapters.objectstore import ObstoreSnapshotObjects
 from substrate.adapters.observability import PrometheusWorkflowMetrics
 from substrate.adapters.urls import open_store
+from substrate.api.atelet import GrpcNodeAgents
 from substrate.api.server import serving
 from substrate.core.ports import Store
 from substrate.errors import Unavailable
