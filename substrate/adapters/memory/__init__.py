@@ -1,6 +1,7 @@
 """In-memory adapters: the embedded default and the reference model for the conformance suites."""
 
 from substrate.adapters.memory.clock import ManualClock
+from substrate.adapters.memory.sandbox import FakeSandboxRuntime
 from substrate.adapters.memory.store import MemoryStore, MemoryStoreState
 
-__all__ = ["ManualClock", "MemoryStore", "MemoryStoreState"]
+__all__ = ["FakeSandboxRuntime", "ManualClock", "MemoryStore", "MemoryStoreState"]
