@@ -47,7 +47,7 @@ from grpclib.server import Server
 
 from substrate.api import convert, pb
 from substrate.api.authz import ALLOW, HEALTH_SERVICE, Decision, split_path
-from substrate.api.server import RequestCodec, Serving, _health_handlers, _listen_socket
+from substrate.api.server import RequestCodec, Serving, _health_handlers, started
 from substrate.api.status import grpc_errors, substrate_errors
 from substrate.client._async import _close_channel, isolated
 from substrate.core.agent_ports import (
@@ -270,18 +270,8 @@ async def serve_atelet(
     server = build_atelet_server(
         agent, ssl=ssl, insecure=insecure, trust_domain=trust_domain, health=health
     )
-    sock = _listen_socket(host, port)
-    bound = int(sock.getsockname()[1])
-    try:
-        await server.start(sock=sock, ssl=ssl)
-    except BaseException:
-        sock.close()
-        raise
-    try:
-        yield Serving(server=server, host=host, port=bound)
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with started(server, host, port, ssl=ssl) as running:
+        yield running
 
 
 # --- client side ------------------------------------------------------------------------

@@ -301,20 +301,10 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 
 
 @asynccontextmanager
-async def serving(
-    service: ActorService,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    ssl: _ssl.SSLContext | None,
-    insecure: bool = False,
-    trust_domain: str = DEFAULT_TRUST_DOMAIN,
-    health: bool = True,
+async def started(
+    server: Server, host: str, port: int, *, ssl: _ssl.SSLContext | None
 ) -> AsyncIterator[Serving]:
-    """Serve ``service`` on ``host:port`` (0 picks a free port) until the block exits."""
-    server = build_server(
-        service, ssl=ssl, insecure=insecure, trust_domain=trust_domain, health=health
-    )
+    """Start ``server`` on ``host:port`` (0 picks a free port); close it when the block exits."""
     sock = _listen_socket(host, port)
     bound = int(sock.getsockname()[1])
     try:
@@ -329,4 +319,23 @@ async def serving(
         await server.wait_closed()
 
 
-__all__ = ["Authorizer", "RequestCodec", "Serving", "build_server", "serving"]
+@asynccontextmanager
+async def serving(
+    service: ActorService,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    ssl: _ssl.SSLContext | None,
+    insecure: bool = False,
+    trust_domain: str = DEFAULT_TRUST_DOMAIN,
+    health: bool = True,
+) -> AsyncIterator[Serving]:
+    """Serve ``service`` on ``host:port`` (0 picks a free port) until the block exits."""
+    server = build_server(
+        service, ssl=ssl, insecure=insecure, trust_domain=trust_domain, health=health
+    )
+    async with started(server, host, port, ssl=ssl) as running:
+        yield running
+
+
+__all__ = ["Authorizer", "RequestCodec", "Serving", "build_server", "serving", "started"]
