@@ -1,4 +1,4 @@
-"""Snapshots, purely: what to restore, the object-key layout and the manifest (no I/O)."""
+"""Snapshots, purely: what to restore, key layout, manifest and the object-store port (no I/O)."""
 
 from substrate.snapshot.layout import (
     DATA_SUFFIX,
@@ -18,6 +18,7 @@ from substrate.snapshot.layout import (
     validate_id,
 )
 from substrate.snapshot.manifest import FORMAT_VERSION, Asset, Manifest, ManifestFile
+from substrate.snapshot.ports import KEY_MAX, BlobStore, normalize_prefix, validate_key
 from substrate.snapshot.selection import (
     COLD_BOOT_PROVENANCE,
     ColdBoot,
@@ -40,8 +41,10 @@ __all__ = [
     "COLD_BOOT_PROVENANCE",
     "DATA_SUFFIX",
     "FORMAT_VERSION",
+    "KEY_MAX",
     "MANIFEST_NAME",
     "Asset",
+    "BlobStore",
     "ColdBoot",
     "Manifest",
     "ManifestFile",
@@ -59,6 +62,7 @@ __all__ = [
     "new_generation",
     "newest_usable",
     "next_generation",
+    "normalize_prefix",
     "object_key",
     "owned_by_actor",
     "owned_by_tag",
@@ -71,4 +75,5 @@ __all__ = [
     "tag_prefix",
     "validate_file_name",
     "validate_id",
+    "validate_key",
 ]

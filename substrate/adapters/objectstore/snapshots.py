@@ -1,98 +1,80 @@
-"""ateapi's SnapshotObjects over obstore: copy a snapshot prefix for a tag, delete one."""
+"""ateapi's SnapshotObjects on the BlobStore port: copy a snapshot prefix for a tag, delete one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
-import obstore
-from obstore.store import from_url
+from substrate.adapters.objectstore.factory import BlobStores, ObjectStoreOptions
+from substrate.errors import InvalidArgument, NotFound
+from substrate.snapshot.layout import MANIFEST_NAME
+from substrate.snapshot.ports import BlobStore
 
-from substrate.errors import InvalidArgument, NotFound, Unavailable
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
 
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_NAME
 
 
-def _split(uri: str) -> tuple[str, str]:
-    """``scheme://authority/path`` → (store root URL, key prefix without leading slash)."""
-    parts = urlsplit(uri)
-    if not parts.scheme:
-        raise InvalidArgument(f"snapshot location {uri!r} has no scheme")
-    if parts.scheme == "file":
-        return "file:///", parts.path.lstrip("/")
-    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+def _as_prefix(key: str) -> str:
+    return key.rstrip("/") + "/" if key.strip("/") else ""
 
 
 class ObstoreSnapshotObjects:
     """Implements ``SnapshotObjects`` for ``file://``, ``memory://``, ``s3://`` and ``gs://``.
 
-    One obstore store is opened per (scheme, bucket); ``options`` are passed to
-    ``obstore.store.from_url`` (S3 endpoint, region, credentials, path-style, ...).
-    ``memory://`` stores live in this process only (tests).
+    Stores are opened per root (scheme and bucket, see
+    :class:`~substrate.adapters.objectstore.factory.BlobStores`) with ``options`` (S3
+    endpoint, region, credentials, path-style, timeouts). ``memory://`` stores live in
+    this object only (tests). Errors are those of the BlobStore port: :class:`NotFound`
+    for a snapshot that was never committed, :class:`Unavailable` for store trouble.
     """
 
     def __init__(
         self,
-        options: dict[str, Any] | None = None,
+        options: ObjectStoreOptions | None = None,
         *,
-        opener: Callable[..., Any] = from_url,
+        stores: BlobStores | None = None,
     ) -> None:
-        self._options = options or {}
-        self._opener = opener
-        self._stores: dict[str, Any] = {}
+        self._stores = stores if stores is not None else BlobStores(options)
 
-    def store_for(self, root: str) -> Any:
-        store = self._stores.get(root)
-        if store is None:
-            options = {} if root.startswith(("file:", "memory:")) else self._options
-            store = self._opener(root, **options)
-            self._stores[root] = store
-        return store
+    def store_for(self, root: str) -> ObjectStore:
+        """The raw obstore store opened on ``root`` (e.g. ``memory://``), for tests and tools."""
+        return self._stores.store(root).raw
 
-    async def _keys(self, store: Any, prefix: str) -> list[str]:
-        keys: list[str] = []
-        try:
-            async for batch in obstore.list(store, prefix=prefix):
-                keys.extend(str(meta["path"]) for meta in batch)
-        except FileNotFoundError:
-            return []
-        except Exception as exc:
-            raise Unavailable(f"object store unreachable listing {prefix!r}: {exc}") from exc
-        return keys
+    def _resolve(self, uri: str) -> tuple[BlobStore, str]:
+        store, key = self._stores.resolve(uri)
+        return store, _as_prefix(key)
 
     async def copy_prefix(self, src: str, dst: str) -> None:
-        src_root, src_key = _split(src)
-        dst_root, dst_key = _split(dst)
-        if src_root != dst_root:
+        """Copy the committed snapshot at ``src`` to ``dst``, ``manifest.json`` last.
+
+        Raises :class:`NotFound` if ``src`` has no manifest (an unfinished upload) and
+        :class:`InvalidArgument` if the two prefixes are in different stores.
+        """
+        store, src_key = self._resolve(src)
+        dst_store, dst_key = self._resolve(dst)
+        if dst_store is not store:
             raise InvalidArgument("a snapshot can only be copied within one object store")
-        store = self.store_for(src_root)
-        src_key = src_key.rstrip("/") + "/"
-        dst_key = dst_key.rstrip("/") + "/"
-        keys = await self._keys(store, src_key)
-        if not any(k.endswith("/" + MANIFEST) or k == src_key + MANIFEST for k in keys):
+        if src_key == dst_key:
+            raise InvalidArgument("a snapshot cannot be copied onto itself")
+        manifest = src_key + MANIFEST
+        keys = await store.list(src_key)
+        if manifest not in keys:
             raise NotFound(f"no committed snapshot (manifest.json) under {src}")
-        ordered = sorted(keys, key=lambda k: k.endswith(MANIFEST))  # the manifest last
-        try:
-            for key in ordered:
-                await obstore.copy_async(store, key, dst_key + key[len(src_key) :])
-        except Exception as exc:
-            raise Unavailable(f"object store copy failed: {exc}") from exc
+        for key in keys:
+            if key != manifest:
+                await store.copy(key, dst_key + key[len(src_key) :])
+        await store.copy(manifest, dst_key + MANIFEST)
 
     async def delete_prefix(self, uri: str) -> None:
-        root, key = _split(uri)
-        store = self.store_for(root)
-        prefix = key.rstrip("/") + "/"
-        keys = await self._keys(store, prefix)
+        """Delete every object under ``uri``, ``manifest.json`` first; idempotent."""
+        store, key = self._resolve(uri)
+        if not key:
+            raise InvalidArgument(f"refusing to delete the whole store at {uri!r}")
+        keys = await store.list(key)
         # The manifest first, so a half-deleted snapshot is never taken for a committed one.
-        ordered = sorted(keys, key=lambda k: not k.endswith(MANIFEST))
-        try:
-            for k in ordered:
-                await obstore.delete_async(store, k)
-        except FileNotFoundError:
-            return
-        except Exception as exc:
-            raise Unavailable(f"object store delete failed: {exc}") from exc
+        for k in sorted(keys, key=lambda k: k != key + MANIFEST):
+            await store.delete(k)
 
 
 __all__ = ["ObstoreSnapshotObjects"]
