@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
 
@@ -132,3 +133,37 @@ def test_enums_are_stored_by_name() -> None:
     assert codec.to_json(ActorState.DELETING) == "DELETING"
     assert codec.to_json(Fidelity.ROOTFS) == "ROOTFS"
     assert codec.from_json(Fidelity, "ROOTFS") is Fidelity.ROOTFS
+
+
+def reference_to_json(value: object) -> object:
+    """The value-by-value encoding the store has always written (the compiled codec must
+    produce exactly this, so documents already stored and new ones are alike)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, Labels):
+        return [[k, v] for k, v in value.items]
+    if isinstance(value, frozenset):
+        return sorted((reference_to_json(v) for v in value), key=json.dumps)
+    if isinstance(value, tuple | list):
+        return [reference_to_json(v) for v in value]
+    assert attrs.has(type(value))
+    return {f.name: reference_to_json(getattr(value, f.name)) for f in attrs.fields(type(value))}
+
+
+@given(ms.records)
+def test_the_stored_format_is_unchanged(record: object) -> None:
+    codec = Codec()
+    expected = reference_to_json(record)
+    assert codec.to_json(record) == expected
+    assert codec.dumps(record) == json.dumps(expected, separators=(",", ":"), allow_nan=False)
+
+
+def test_values_off_their_annotation_encode_as_before() -> None:
+    """The compiled fast paths are only taken for values of exactly the annotated type."""
+    odd = attrs.evolve(full_worker(), last_heartbeat=7, epoch=True)  # int for float, bool
+    assert Codec().to_json(odd) == reference_to_json(odd)
+    assert json.loads(Codec().dumps(odd))["last_heartbeat"] == 7

@@ -565,7 +565,12 @@ class _WorkerEvents:
 
     async def __anext__(self) -> WorkerEvent:
         try:
-            return await self._receive.receive()
+            try:
+                # Drain what is buffered without a scheduling round per event, so a busy
+                # loop cannot make a consumer fall behind the writers.
+                return self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                return await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             if self._subscription.lagged:
                 raise Unavailable(
