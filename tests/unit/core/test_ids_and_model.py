@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from substrate.core.ids import ActorRef, Labels, TemplateRef, validate_dns_label, validate_selector
@@ -119,6 +119,7 @@ def test_generated_templates_validate(t: ActorTemplate) -> None:
     t.validate()
 
 
+@settings(max_examples=30)
 @given(sst.actors())
 def test_generated_actors_validate(a: object) -> None:
     from substrate.core.model import Actor
@@ -127,6 +128,7 @@ def test_generated_actors_validate(a: object) -> None:
     a.validate()
 
 
+@settings(max_examples=50)
 @given(sst.snapshots(), sst.storages())
 def test_with_storage_replaces_the_copy_of_the_same_durability(
     snap: Snapshot, storage: SnapshotStorage
@@ -140,6 +142,7 @@ def test_with_storage_replaces_the_copy_of_the_same_durability(
     )
 
 
+@settings(max_examples=20)
 @given(st.data())
 def test_records_are_frozen(data: st.DataObject) -> None:
     actor = data.draw(sst.actors())
