@@ -26,14 +26,22 @@ from substrate.core import lifecycle as lc
 from substrate.core.agent_ports import (
     CheckpointMode,
     CheckpointRequest,
-    NodeAgent,
     NodeAgents,
     SnapshotObjects,
     StartRequest,
     UploadRequest,
     WorkloadTarget,
 )
-from substrate.core.ids import GOLDEN_ATESPACE, ActorRef, NodeRef, TagRef, TemplateRef, WorkerRef
+from substrate.core.ids import (
+    GOLDEN_ATESPACE,
+    ActorRef,
+    Labels,
+    NodeRef,
+    TagRef,
+    TemplateRef,
+    WorkerRef,
+    validate_selector,
+)
 from substrate.core.model import (
     Actor,
     ActorState,
@@ -43,7 +51,6 @@ from substrate.core.model import (
     Capacity,
     Durability,
     Fidelity,
-    Metadata,
     RestoreSource,
     ResumeResult,
     Snapshot,
@@ -78,6 +85,7 @@ from substrate.services.worker_cache import WorkerCache
 from substrate.snapshot import (
     ColdBoot,
     Restore,
+    actor_snapshot_prefix,
     new_generation,
     newest_usable,
     pin_node,
@@ -305,13 +313,11 @@ class ActorService:
         *,
         template: TemplateRef | None,
         source_tag: TagRef | None = None,
-        worker_selector: object = None,
+        worker_selector: Labels | None = None,
     ) -> Actor:
         """A new SUSPENDED actor; it borrows the source tag's (or golden tag's) snapshot."""
-        from substrate.core.ids import Labels, validate_selector
-
         ref.validate()
-        selector = worker_selector if isinstance(worker_selector, Labels) else Labels()
+        selector = worker_selector or Labels()
         validate_selector(selector, what="actor worker selector")
         await self.store.get_atespace(ref.atespace)
         tag: Tag | None = None
@@ -360,10 +366,8 @@ class ActorService:
             raise FailedPrecondition(f"Tag {ref} is not ready (no snapshot yet)")
         return tag
 
-    async def update_actor_selector(self, ref: ActorRef, selector: object) -> Actor:
-        from substrate.core.ids import Labels, validate_selector
-
-        sel = selector if isinstance(selector, Labels) else Labels()
+    async def update_actor_selector(self, ref: ActorRef, selector: Labels | None) -> Actor:
+        sel = selector or Labels()
         validate_selector(sel, what="actor worker selector")
         actor = await self.store.get_actor(ref)
         return await self.store.update_actor(
@@ -586,21 +590,7 @@ class ActorService:
                     continue
                 if durable is None:
                     template = await self._template_for(actor)
-                    location = (
-                        template.snapshot_config.storage_location
-                        or self.config.default_storage_location
-                    )
-                    from substrate.snapshot import actor_snapshot_prefix
-
-                    durable = SnapshotStorage(
-                        durability=Durability.DURABLE,
-                        status=StorageStatus.PENDING,
-                        fidelity=local.fidelity,
-                        uri=actor_snapshot_prefix(
-                            location, actor.ref.atespace, actor.metadata.uid, snap.snapshot_id
-                        ),
-                    )
-                    snap = snap.with_storage(durable)
+                    snap = snap.with_storage(self._pending_durable(actor, template, snap, local))
                 uploaded = await self.agents.for_node(node).detach(
                     UploadRequest(
                         actor=actor.ref, actor_uid=actor.metadata.uid, node=node, snapshot=snap
@@ -648,9 +638,9 @@ class ActorService:
             except LeaseHeld:
                 self.metrics.lease_conflict("suspend")
                 raise
-        if mode is SuspendMode.ASYNC and lc.pending_uploads(actor):
+        pending = lc.pending_uploads(actor)
+        if mode is SuspendMode.ASYNC and pending:
             self._upload_wakeup.set()
-        pending = list(lc.pending_uploads(actor))
         if mode is SuspendMode.SYNC and pending:
             raise Unavailable(
                 f"actor {ref} is suspended with its snapshot kept on node "
@@ -712,8 +702,7 @@ class ActorService:
                 sandbox_class=worker.sandbox_class if worker else template.sandbox_class,
                 runtime_version=_runtime_of(worker),
                 now=self.clock(),
-                location=template.snapshot_config.storage_location
-                or self.config.default_storage_location,
+                location=self._location(template),
             )
             if pausing:
                 snap = snap.without(Durability.DURABLE)
@@ -768,21 +757,7 @@ class ActorService:
         paused_local = snap.local()
         assert paused_local is not None
         if snap.durable() is None:
-            location = (
-                template.snapshot_config.storage_location or self.config.default_storage_location
-            )
-            from substrate.snapshot import actor_snapshot_prefix
-
-            snap = snap.with_storage(
-                SnapshotStorage(
-                    durability=Durability.DURABLE,
-                    status=StorageStatus.PENDING,
-                    fidelity=paused_local.fidelity,
-                    uri=actor_snapshot_prefix(
-                        location, actor.ref.atespace, actor.metadata.uid, snap.snapshot_id
-                    ),
-                )
-            )
+            snap = snap.with_storage(self._pending_durable(actor, template, snap, paused_local))
         with steps.step("mark"):
             actor = await self._apply(actor, lc.BeginSuspend(snapshot=snap))
         final = snap
@@ -906,9 +881,7 @@ class ActorService:
             tag = await self.store.create_tag(
                 Tag(ref=ref, source_actor=actor_ref, template=actor.template)
             )
-            location = (
-                template.snapshot_config.storage_location or self.config.default_storage_location
-            )
+            location = self._location(template)
             dst = tag_prefix(location, ref.atespace, tag.metadata.uid)
             try:
                 if self.objects is None:
@@ -1178,8 +1151,8 @@ class ActorService:
                                 snapshot=snap,
                             )
                         )
-                        after = await self._update_fresh(
-                            actor.ref, partial(_mark_durable, snap=uploaded, drop_local=False)
+                        after = await self._write(
+                            actor, partial(_mark_durable, snap=uploaded, drop_local=False)
                         )
                         await self._cleanup_dropped(actor, after)
                         done += 1
@@ -1309,6 +1282,23 @@ class ActorService:
 
         self.task_group.start_soon(run)
 
+    def _location(self, template: ActorTemplate) -> str:
+        """Where the template's snapshots go (the service default if it names none)."""
+        return template.snapshot_config.storage_location or self.config.default_storage_location
+
+    def _pending_durable(
+        self, actor: Actor, template: ActorTemplate, snap: Snapshot, local: SnapshotStorage
+    ) -> SnapshotStorage:
+        """A DURABLE, not yet uploaded copy of a node-local generation, at the owner prefix."""
+        return SnapshotStorage(
+            durability=Durability.DURABLE,
+            status=StorageStatus.PENDING,
+            fidelity=local.fidelity,
+            uri=actor_snapshot_prefix(
+                self._location(template), actor.ref.atespace, actor.metadata.uid, snap.snapshot_id
+            ),
+        )
+
     def _target(self, actor: Actor, a: WorkerAssignment) -> WorkloadTarget:
         return WorkloadTarget(
             actor=actor.ref,
@@ -1390,22 +1380,6 @@ class ActorService:
             return out
 
         return await self._write(actor, mutate)
-
-    async def _update_fresh(
-        self, ref: ActorRef, change: Callable[[Actor], Actor], attempts: int = 5
-    ) -> Actor:
-        for _ in range(attempts):
-            actor = await self.store.get_actor(ref)
-            try:
-                return await self.store.update_actor(
-                    ref,
-                    expected_version=actor.metadata.version,
-                    expected_uid=actor.metadata.uid,
-                    mutate=change,
-                )
-            except Conflict:
-                continue
-        raise Aborted(f"actor {ref} kept changing; try again")
 
     async def _cleanup_dropped(self, before: Actor, after: Actor) -> None:
         """Delete what the actor owned of generations an update dropped from its record."""
@@ -1491,6 +1465,3 @@ def _mark_durable(actor: Actor, snap: Snapshot, *, drop_local: bool) -> Actor:
 
 
 __all__ = ["ActorService", "ServiceConfig"]
-
-# Keep names referenced for type-checkers of callers.
-_ = (AlreadyExists, Metadata, NodeAgent)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol
 
+import anyio
 import structlog
 
 from substrate.errors import SubstrateError, grpc_code
@@ -95,8 +96,6 @@ async def workflow(
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    import anyio
-
     return isinstance(exc, anyio.get_cancelled_exc_class())
 
 

@@ -99,7 +99,7 @@ class WorkerCache:
 
     def note(self, worker: Worker) -> None:
         """Apply a record the caller just read or wrote (newer versions win)."""
-        self.index.upsert(worker)
+        self._apply(worker)
 
     async def refresh(self, ref: WorkerRef) -> Worker | None:
         """Re-read one worker from the store into the index."""
@@ -107,7 +107,7 @@ class WorkerCache:
             worker = await self._store.get_worker(ref)
         except SubstrateError:
             return None
-        self.index.upsert(worker)
+        self._apply(worker)
         return worker
 
     # --- the loop ---------------------------------------------------------------------
@@ -140,10 +140,7 @@ class WorkerCache:
                     if current is None or current.metadata.uid == event.worker.metadata.uid:
                         self.index.remove(event.worker.ref)
                 else:
-                    current = self.index.get(event.worker.ref)
-                    if current is not None and current.metadata.uid != event.worker.metadata.uid:
-                        self.index.remove(event.worker.ref)  # re-created under the name
-                    self.index.upsert(event.worker)
+                    self._apply(event.worker)
 
     async def _periodic_relist(self) -> None:
         """Relist now and then, in case a change was missed; a failure waits for the next."""
@@ -161,13 +158,17 @@ class WorkerCache:
         seen = set()
         for w in workers:
             seen.add(w.ref)
-            existing = self.index.get(w.ref)
-            if existing is not None and existing.metadata.uid != w.metadata.uid:
-                self.index.remove(w.ref)
-            self.index.upsert(w)
+            self._apply(w)
         for w in list(self.index):
             if w.ref not in seen:
                 self.index.remove(w.ref)
+
+    def _apply(self, worker: Worker) -> None:
+        """Take ``worker`` if it is newer; a record re-created under the name replaces the old."""
+        current = self.index.get(worker.ref)
+        if current is not None and current.metadata.uid != worker.metadata.uid:
+            self.index.remove(worker.ref)
+        self.index.upsert(worker)
 
     def _set_ready(self, ready: bool) -> None:
         self._is_ready = ready
