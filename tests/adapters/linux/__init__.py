@@ -1,0 +1,1 @@
+"""Linux adapters (netlink, nftables): behaviour outside the port contract."""
