@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit venv sim bench docs gen-proto clean
+.PHONY: test lint typecheck unit venv system-deps sim bench docs gen-proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# runsc, nftables, busybox-static, gcc: installed from Debian's packages when run as root.
+system-deps:
+	bash scripts/system_deps.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check substrate daemons tests examples benchmarks scripts
 	$(VENV)/bin/ruff format --check substrate daemons tests examples benchmarks scripts
@@ -21,7 +25,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy substrate daemons
 
-unit: $(STAMP)
+unit: $(STAMP) system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The whole suite: lint, types, import boundaries (a test), every test tier.

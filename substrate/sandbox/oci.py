@@ -21,7 +21,7 @@ import json
 from typing import Any, Final
 
 from substrate.errors import InvalidArgument
-from substrate.sandbox.spec import SandboxSpec
+from substrate.sandbox.spec import SYSINFO_MOUNT, SandboxSpec
 
 OCI_VERSION: Final = "1.0.0"
 HOSTNAME: Final = "runsc"
@@ -36,6 +36,9 @@ NOFILE_LIMIT: Final = 1024
 
 TMP_OPTIONS: Final = ("nosuid", "nodev", "mode=1777")
 """Options of the ``/tmp`` tmpfs mount."""
+
+SYSINFO_OPTIONS: Final = ("rbind", "ro", "nosuid", "nodev", "noexec")
+"""Options of the read-only bind mount of the actor's system-info directory."""
 
 
 def process_env(spec: SandboxSpec) -> list[str]:
@@ -53,8 +56,41 @@ def _capabilities() -> dict[str, list[str]]:
     }
 
 
+def _mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []},
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": list(TMP_OPTIONS),
+        },
+    ]
+    if spec.sysinfo_dir:
+        mounts.append(
+            {
+                "destination": SYSINFO_MOUNT,
+                "type": "bind",
+                "source": spec.sysinfo_dir,
+                "options": list(SYSINFO_OPTIONS),
+            }
+        )
+    return mounts
+
+
 def build_config(spec: SandboxSpec) -> dict[str, Any]:
-    """The ``config.json`` of ``spec``'s bundle, as a JSON-ready dict (a new one each call)."""
+    """The ``config.json`` of ``spec``'s bundle, as a JSON-ready dict (a new one each call).
+
+    With ``spec.sysinfo_dir`` set, that host directory is bind-mounted read-only at
+    ``/run/ate`` (the rootfs needs a ``/run/ate`` directory: it is mounted read-only).
+    """
     if not spec.netns_path:
         raise InvalidArgument(
             f"sandbox {spec.sandbox_id} has no network namespace path; refusing to build a "
@@ -73,22 +109,7 @@ def build_config(spec: SandboxSpec) -> dict[str, Any]:
         },
         "root": {"path": spec.rootfs, "readonly": True},
         "hostname": HOSTNAME,
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []},
-            {
-                "destination": "/sys",
-                "type": "sysfs",
-                "source": "sysfs",
-                "options": ["nosuid", "noexec", "nodev", "ro"],
-            },
-            {
-                "destination": "/tmp",
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": list(TMP_OPTIONS),
-            },
-        ],
+        "mounts": _mounts(spec),
         "linux": {
             "namespaces": [
                 {"type": "pid"},
@@ -128,6 +149,7 @@ __all__ = [
     "DEFAULT_ENV",
     "HOSTNAME",
     "OCI_VERSION",
+    "SYSINFO_OPTIONS",
     "TMP_OPTIONS",
     "build_config",
     "network_namespace_path",

@@ -39,6 +39,9 @@ NETNS_DIR: Final = "/var/run/netns"
 DEFAULT_ROOTFS: Final = "rootfs"
 """The root filesystem directory inside the bundle (``root.path`` of ``config.json``)."""
 
+SYSINFO_MOUNT: Final = "/run/ate"
+"""Where the actor's system-info directory appears inside the sandbox (read-only)."""
+
 _SANDBOX_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DEVICE_RE: Final = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 
@@ -115,6 +118,11 @@ def _validate_bundle(_inst: object, _attribute: object, value: str) -> None:
 
 def _validate_netns(_inst: object, _attribute: object, value: str) -> None:
     _check_absolute(value, what="network namespace path")
+
+
+def _validate_sysinfo(_inst: object, _attribute: object, value: str) -> None:
+    if value:
+        _check_absolute(value, what="system-info directory")
 
 
 def _validate_rootfs(_inst: object, _attribute: object, value: str) -> None:
@@ -207,6 +215,10 @@ class SandboxSpec:
     device: str = attrs.field(default="", validator=_validate_device)
     """Host-side interface to bind to when connecting (``SO_BINDTODEVICE``), e.g. the
     actor's host veth: many actors share one address, each behind its own veth."""
+    sysinfo_dir: str = attrs.field(default="", validator=_validate_sysinfo)
+    """Absolute host directory with the actor's system-info files (``atespace``, ``name``,
+    ``uid``), bind-mounted read-only at :data:`SYSINFO_MOUNT` ("" = none). The sandbox
+    reads the host's current files, also after a restore."""
 
     @property
     def memory_limit_bytes(self) -> int:
@@ -235,6 +247,7 @@ class SandboxSpec:
         address: str = "",
         device: str = "",
         rootfs: str = DEFAULT_ROOTFS,
+        sysinfo_dir: str = "",
     ) -> SandboxSpec:
         """The spec of the actor ``actor_uid`` of ``template``.
 
@@ -263,6 +276,7 @@ class SandboxSpec:
             address=address,
             device=device,
             rootfs=rootfs,
+            sysinfo_dir=sysinfo_dir,
         )
 
     def relocated(
@@ -272,6 +286,7 @@ class SandboxSpec:
         bundle_dir: str | None = None,
         address: str | None = None,
         device: str | None = None,
+        sysinfo_dir: str | None = None,
     ) -> SandboxSpec:
         """The same sandbox in another network namespace (and bundle copy, address, veth).
 
@@ -284,6 +299,7 @@ class SandboxSpec:
             bundle_dir=self.bundle_dir if bundle_dir is None else bundle_dir,
             address=self.address if address is None else address,
             device=self.device if device is None else device,
+            sysinfo_dir=self.sysinfo_dir if sysinfo_dir is None else sysinfo_dir,
         )
 
 
@@ -377,6 +393,7 @@ __all__ = [
     "NETNS_DIR",
     "SANDBOX_ID_MAX",
     "SANDBOX_ID_PREFIX",
+    "SYSINFO_MOUNT",
     "CheckpointInfo",
     "SandboxAddress",
     "SandboxSpec",

@@ -42,6 +42,8 @@ from substrate.testing.contracts.sandbox import (
     start,
 )
 from substrate.testing.contracts.store import raises
+from tests.contracts.gvisor_factory import gvisor_factory
+from tests.privileges import needs_runsc
 
 TEMPLATE = ActorTemplate(
     ref=TemplateRef("as1", "web"),
@@ -87,7 +89,10 @@ def fake_factory(tmp_path: Path) -> SandboxFactory:
     )
 
 
-RUNTIMES = [pytest.param(fake_factory, id="fake")]
+RUNTIMES = [
+    pytest.param(fake_factory, id="fake"),
+    pytest.param(gvisor_factory, id="gvisor", marks=(needs_runsc, pytest.mark.runsc)),
+]
 
 
 @pytest.fixture(params=RUNTIMES)
