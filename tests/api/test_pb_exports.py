@@ -41,7 +41,8 @@ RPCS = {
     "WorkerRegistry": "RegisterWorker Heartbeat RequestActorSuspend",
     "Atelet": "Run Restore Checkpoint UploadSnapshot Terminate Detach DropSnapshot",
     "Ateworker": (
-        "RunWorkload RestoreWorkload CheckpointWorkload TerminateWorkload GetWorkloadStats"
+        "RunWorkload RestoreWorkload CheckpointWorkload TerminateWorkload GetWorkloadStats "
+        "GetWorkerInfo"
     ),
 }
 

@@ -1568,6 +1568,21 @@ class RunWorkloadRequest(betterproto.Message):
     resources: "Resources" = betterproto.message_field(8)
     """Limits of the sandbox."""
 
+    image_args: List[str] = betterproto.string_field(9)
+    """
+    The image's entrypoint and cmd (used when the first container has no command).
+    """
+
+    image_env: List[str] = betterproto.string_field(10)
+    """
+    The image's environment, NAME=value (the container's env overrides it by name).
+    """
+
+    sysinfo_dir: str = betterproto.string_field(11)
+    """
+    Host directory of the actor's system-info files, mounted at /run/ate ("" = none).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RunWorkloadResponse(betterproto.Message):
@@ -1620,6 +1635,21 @@ class RestoreWorkloadRequest(betterproto.Message):
 
     preserve_restore_dir: bool = betterproto.bool_field(10)
     """Keep restore_dir after the restore (by default it is removed)."""
+
+    image_args: List[str] = betterproto.string_field(11)
+    """
+    The image's entrypoint and cmd (used when the first container has no command).
+    """
+
+    image_env: List[str] = betterproto.string_field(12)
+    """
+    The image's environment, NAME=value (the container's env overrides it by name).
+    """
+
+    sysinfo_dir: str = betterproto.string_field(13)
+    """
+    Host directory of the actor's system-info files, mounted at /run/ate ("" = none).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -1677,6 +1707,9 @@ class CheckpointWorkloadResponse(betterproto.Message):
     timings: "Timings" = betterproto.message_field(4)
     """Phase timings."""
 
+    size_bytes: int = betterproto.int64_field(5)
+    """Total size of the files written, in bytes."""
+
 
 @dataclass(eq=False, repr=False)
 class TerminateWorkloadRequest(betterproto.Message):
@@ -1717,6 +1750,47 @@ class GetWorkloadStatsResponse(betterproto.Message):
 
     stats: "WorkloadStats" = betterproto.message_field(2)
     """The actor's resource usage."""
+
+
+@dataclass(eq=False, repr=False)
+class GetWorkerInfoRequest(betterproto.Message):
+    """GetWorkerInfo input (empty)."""
+
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class GetWorkerInfoResponse(betterproto.Message):
+    """GetWorkerInfo output."""
+
+    name: str = betterproto.string_field(1)
+    """The worker's fleet-unique name."""
+
+    node: str = betterproto.string_field(2)
+    """The node it runs on."""
+
+    epoch: int = betterproto.int64_field(3)
+    """Rises on every start of the worker process."""
+
+    sandbox_class: "SandboxClass" = betterproto.enum_field(4)
+    """Sandbox class it runs."""
+
+    runtime_versions: List[str] = betterproto.string_field(5)
+    """Runtime versions whose memory snapshots it can restore."""
+
+    capacity: "Capacity" = betterproto.message_field(6)
+    """What it can hold."""
+
+    tunnel_address: str = betterproto.string_field(7)
+    """host:port of its atunnel listener ("" = none)."""
+
+    pool: str = betterproto.string_field(8)
+    """Worker pool."""
+
+    labels: Dict[str, str] = betterproto.map_field(
+        9, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """Labels worker selectors match against."""
 
 
 class AteletStub(betterproto.ServiceStub):
@@ -2406,6 +2480,23 @@ class AteworkerStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_worker_info(
+        self,
+        get_worker_info_request: "GetWorkerInfoRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetWorkerInfoResponse":
+        return await self._unary_unary(
+            "/substrate.v1.Ateworker/GetWorkerInfo",
+            get_worker_info_request,
+            GetWorkerInfoResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class AteletBase(ServiceBase):
 
@@ -3074,6 +3165,11 @@ class AteworkerBase(ServiceBase):
     ) -> "GetWorkloadStatsResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def get_worker_info(
+        self, get_worker_info_request: "GetWorkerInfoRequest"
+    ) -> "GetWorkerInfoResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_run_workload(
         self, stream: "grpclib.server.Stream[RunWorkloadRequest, RunWorkloadResponse]"
     ) -> None:
@@ -3113,6 +3209,14 @@ class AteworkerBase(ServiceBase):
         response = await self.get_workload_stats(request)
         await stream.send_message(response)
 
+    async def __rpc_get_worker_info(
+        self,
+        stream: "grpclib.server.Stream[GetWorkerInfoRequest, GetWorkerInfoResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_worker_info(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/substrate.v1.Ateworker/RunWorkload": grpclib.const.Handler(
@@ -3144,5 +3248,11 @@ class AteworkerBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetWorkloadStatsRequest,
                 GetWorkloadStatsResponse,
+            ),
+            "/substrate.v1.Ateworker/GetWorkerInfo": grpclib.const.Handler(
+                self.__rpc_get_worker_info,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetWorkerInfoRequest,
+                GetWorkerInfoResponse,
             ),
         }

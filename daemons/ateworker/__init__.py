@@ -1,0 +1,1 @@
+"""ateworker: one worker process hosting many actor sandboxes (see substrate.services.workloads)."""
