@@ -1,0 +1,1 @@
+"""atelet: the node agent (restores, checkpoints, uploads; drives the node's workers)."""

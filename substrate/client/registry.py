@@ -1,0 +1,242 @@
+"""atelet's client of ateapi's ``substrate.v1.WorkerRegistry`` service (mTLS, pinned server).
+
+:class:`GrpcRegistry` implements :class:`substrate.services.registration.Registry`. It
+presents the node's atelet identity (``Identity.atelet(node)``, which ateapi authorizes
+for ``RegisterWorker`` and ``Heartbeat`` of that node's workers only) and checks that the
+server is ateapi (``spiffe://<trust-domain>/ateapi``) before sending a request.
+
+Errors: ateapi's statuses come back as substrate errors (``FailedPrecondition`` "register
+again", ``NotFound``, ``PermissionDenied``...). Everything that means "ateapi could not be
+used right now" is :class:`~substrate.errors.Unavailable`, so the registrar retries:
+connection failures, TLS failures, a server that is not ateapi, a call that timed out.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl as _ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Final, Self, TypeVar
+
+import betterproto
+from grpclib.client import Channel
+from grpclib.const import Cardinality
+from grpclib.exceptions import ProtocolError, StreamTerminatedError
+
+from substrate.api import convert, pb
+from substrate.api.status import substrate_errors
+from substrate.client._async import _close_channel, isolated, parse_address
+from substrate.core.ids import WorkerRef
+from substrate.core.model import Capacity, Worker
+from substrate.errors import (
+    Internal,
+    InvalidArgument,
+    Unauthenticated,
+    Unavailable,
+)
+from substrate.identity.files import TlsFiles
+from substrate.identity.spiffe import (
+    DEFAULT_TRUST_DOMAIN,
+    Identity,
+    SpiffeId,
+    validate_trust_domain,
+)
+from substrate.identity.tls import check_peer, client_context
+
+REGISTRY_PATH: Final = "/substrate.v1.WorkerRegistry/"
+DEFAULT_TIMEOUT: Final = 10.0
+
+_Reply = TypeVar("_Reply", bound=betterproto.Message)
+
+
+def register_worker_request(worker: Worker) -> pb.RegisterWorkerRequest:
+    """The RegisterWorker request reporting ``worker`` (the inverse of
+    :func:`substrate.api.convert.parse_register_worker`)."""
+    if worker.capacity is None:
+        raise InvalidArgument(f"worker {worker.ref} has no capacity to register")
+    return pb.RegisterWorkerRequest(
+        name=worker.ref.name,
+        pool=worker.pool,
+        node=worker.node.name,
+        ips=list(worker.ips),
+        sandbox_class=convert.sandbox_class_to_proto(worker.sandbox_class),
+        runtime_versions=sorted(worker.runtime_versions),
+        labels=convert.labels_to_proto(worker.labels),
+        epoch=worker.epoch,
+        capacity=convert.capacity_to_proto(worker.capacity),
+        tunnel_address=worker.tunnel_address,
+        atelet_address=worker.atelet_address,
+    )
+
+
+def heartbeat_request(
+    ref: WorkerRef, epoch: int, capacity: Capacity | None = None
+) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(
+        name=ref.name,
+        epoch=epoch,
+        capacity=None if capacity is None else convert.capacity_to_proto(capacity),
+    )
+
+
+class GrpcRegistry:
+    """ateapi's worker registry over one gRPC channel; build it with :meth:`connect`."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        address: str,
+        server_id: SpiffeId | None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> None:
+        self._channel = channel
+        self.address = address
+        self.server_id = server_id
+        self.timeout = timeout
+
+    @classmethod
+    def connect(
+        cls,
+        address: str,
+        *,
+        ssl: _ssl.SSLContext | None = None,
+        tls: TlsFiles | None = None,
+        trust_domain: str = DEFAULT_TRUST_DOMAIN,
+        insecure: bool = False,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> GrpcRegistry:
+        """A registry client of the ateapi at ``address`` (``host:port``); connects lazily.
+
+        Credentials: a client ``ssl`` context, or the ``tls`` files of the atelet's
+        identity (host names are not checked: the server is pinned to ateapi's SPIFFE id
+        instead). ``insecure=True`` speaks plaintext (an ``--insecure`` ateapi only).
+        """
+        validate_trust_domain(trust_domain)
+        if insecure:
+            if ssl is not None or tls is not None:
+                raise ValueError("insecure=True speaks plaintext; do not pass TLS credentials")
+            context = None
+        elif ssl is not None:
+            if tls is not None:
+                raise ValueError("pass either an ssl context or tls files, not both")
+            if ssl.protocol is not _ssl.PROTOCOL_TLS_CLIENT:
+                raise ValueError("the TLS context is not a client context")
+            context = ssl
+        elif tls is not None:
+            context = client_context(tls, check_hostname=False)
+        else:
+            raise ValueError("TLS credentials are required (plaintext needs insecure=True)")
+        host, port = parse_address(address)
+        server_id = None if context is None else Identity.ateapi(trust_domain).spiffe_id
+        return cls(
+            Channel(host, port, ssl=context), address=address, server_id=server_id, timeout=timeout
+        )
+
+    async def close(self) -> None:
+        await _close_channel(self._channel)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- transport --------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, method: str) -> Iterator[None]:
+        where = f"ateapi at {self.address}"
+        try:
+            with substrate_errors():
+                yield
+        except UnicodeError as exc:
+            raise InvalidArgument(f"the {method} request cannot be encoded: {exc}") from exc
+        except TimeoutError as exc:
+            raise Unavailable(f"{method} on {where} timed out") from exc
+        except _ssl.SSLCertVerificationError as exc:
+            raise Unavailable(
+                f"the certificate of {where} was rejected: {exc.verify_message}"
+            ) from exc
+        except _ssl.SSLError as exc:
+            raise Unavailable(f"TLS with {where} failed: {exc.reason or exc}") from exc
+        except OSError as exc:
+            raise Unavailable(f"cannot reach {where}: {exc}") from exc
+        except StreamTerminatedError as exc:
+            raise Unavailable(f"connection to {where} lost: {exc}") from exc
+        except ProtocolError as exc:
+            raise Unavailable(f"protocol error talking to {where}: {exc}") from exc
+
+    async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
+        with self._errors(method):
+            response = await isolated(self._exchange, method, request, reply)
+        if response is None:
+            raise Internal(f"{method} returned no message")
+        return response
+
+    async def _exchange(
+        self, method: str, request: betterproto.Message, reply: type[_Reply]
+    ) -> _Reply | None:
+        async with self._channel.request(
+            REGISTRY_PATH + method,
+            Cardinality.UNARY_UNARY,
+            type(request),
+            reply,
+            timeout=self.timeout,
+        ) as stream:
+            await stream.send_request()
+            if self.server_id is not None:
+                try:
+                    check_peer(stream.peer.cert() if stream.peer else None, self.server_id)
+                except Unauthenticated as exc:
+                    raise Unavailable(f"{self.address} is not ateapi: {exc.description}") from exc
+            await stream.send_message(request, end=True)
+            return await stream.recv_message()
+
+    def _worker(self, method: str, message: pb.Worker) -> Worker:
+        try:
+            return convert.worker_from_proto(message)
+        except InvalidArgument as exc:
+            raise Internal(f"malformed {method} reply from {self.address}: {exc}") from exc
+
+    # --- Registry ---------------------------------------------------------------------
+
+    async def register(self, worker: Worker) -> Worker:
+        reply = await self._call(
+            "RegisterWorker", register_worker_request(worker), pb.RegisterWorkerResponse
+        )
+        return self._worker("RegisterWorker", reply.worker)
+
+    async def heartbeat(
+        self, ref: WorkerRef, epoch: int, capacity: Capacity | None = None
+    ) -> Worker:
+        reply = await self._call(
+            "Heartbeat", heartbeat_request(ref, epoch, capacity), pb.HeartbeatResponse
+        )
+        return self._worker("Heartbeat", reply.worker)
+
+
+def tls_files(directory: str | os.PathLike[str], name: str) -> TlsFiles:
+    """``<name>.crt``/``<name>.key``/``ca.crt`` in ``directory`` (InvalidArgument if missing)."""
+    files = TlsFiles.in_dir(directory, name)
+    missing = files.missing()
+    if missing:
+        raise InvalidArgument(f"TLS files not found: {', '.join(str(p) for p in missing)}")
+    return files
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "REGISTRY_PATH",
+    "GrpcRegistry",
+    "heartbeat_request",
+    "register_worker_request",
+    "tls_files",
+]
