@@ -13,8 +13,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.request import urlopen
@@ -261,3 +261,32 @@ async def tunnel_get(
                     return Answer(status=status, headers=out_headers, body=body)
         finally:
             await stream.aclose()
+
+
+@asynccontextmanager
+async def held_tunnel(files: TlsFiles, tunnel: str, actor: str) -> AsyncIterator[bytes]:
+    """A CONNECT tunnel through atunnel to the actor, one keep-alive GET answered, left open.
+
+    Yields the first answer's bytes; the connection stays open until the block ends.
+    """
+    ctx = client_context(files, check_hostname=False)
+    ctx.set_alpn_protocols(["http/1.1"])
+    host, _, tport = tunnel.rpartition(":")
+    stream = await anyio.connect_tcp(
+        host, int(tport), ssl_context=ctx, tls_standard_compatible=False
+    )
+    try:
+        with anyio.fail_after(30):
+            connect = "CONNECT actor:80 HTTP/1.1\r\nHost: actor:80\r\n"
+            await stream.send(f"{connect}ate-target-actor: {actor}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await stream.send(b"GET / HTTP/1.1\r\nHost: actor.example\r\n\r\n")
+            answer = b""
+            while b"count=" not in answer:
+                answer += await stream.receive()
+        yield answer
+    finally:
+        await stream.aclose()

@@ -32,7 +32,7 @@ from substrate.core.model import (
 from substrate.errors import SubstrateError, Unavailable
 from substrate.net.plan import netns_prefix, veth_prefix
 from tests.contracts.blob_fixtures import S3Server, shared_s3_server, start_moto_server
-from tests.e2e.node_stack import COUNTER_IMAGE, Stack, stack, tunnel_get
+from tests.e2e.node_stack import COUNTER_IMAGE, Stack, held_tunnel, stack, tunnel_get
 from tests.privileges import needs_nft, needs_runsc
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.runsc, needs_runsc, needs_nft]
@@ -117,8 +117,11 @@ async def test_suspend_to_s3_and_resume_on_another_node(
             assert (await count(s, "w-a", "lab/c1")) == (2, boot)
             assert (await count(s, "w-a", "lab/c1")) == (3, boot)
 
-            # suspend SYNC: the snapshot is in the bucket before the call returns
-            suspended = await c.suspend_actor("lab/c1", mode=SuspendMode.SYNC)
+            # suspend SYNC while a router connection is held open (keep-alive traffic just
+            # answered): the worker resets it first, so runsc can checkpoint
+            async with held_tunnel(s.router_files(), s.tunnels["w-a"], "lab/c1") as answer:
+                assert b"count=4 " in answer
+                suspended = await c.suspend_actor("lab/c1", mode=SuspendMode.SYNC)
             assert suspended.state is ActorState.SUSPENDED
             snap = suspended.status.snapshots[-1]
             durable = [x for x in snap.storages if x.durability is Durability.DURABLE]
@@ -137,14 +140,14 @@ async def test_suspend_to_s3_and_resume_on_another_node(
             assert r2.source is RestoreSource.DURABLE
             assert r2.actor.status.assignment is not None
             assert r2.actor.status.assignment.worker.name == "w-b"
-            assert (await count(s, "w-b", "lab/c1")) == (4, boot), "memory came back"
+            assert (await count(s, "w-b", "lab/c1")) == (5, boot), "memory came back"
 
             # pause and resume in place on node-b, from the node-local copy
             paused = await c.pause_actor("lab/c1")
             assert paused.state is ActorState.PAUSED
             r3 = await c.resume_actor("lab/c1")
             assert r3.source is RestoreSource.LOCAL
-            assert (await count(s, "w-b", "lab/c1")) == (5, boot)
+            assert (await count(s, "w-b", "lab/c1")) == (6, boot)
 
             # a running actor keeps its worker until it is suspended; then it can go
             await c.suspend_actor("lab/c1", mode=SuspendMode.SYNC)
