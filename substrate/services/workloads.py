@@ -184,6 +184,8 @@ class WorkloadManager:
         self._locks: dict[str, anyio.Lock] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._runtime_versions: tuple[str, ...] = ()
+        self._reaping = 0
+        self._settled = anyio.Event()
 
     # --- life ---------------------------------------------------------------------------
 
@@ -387,9 +389,14 @@ class WorkloadManager:
                     await self._teardown(slot)
                 raise
             t1 = time.perf_counter()
-            # The image is complete; the sandbox process still takes about a second to go.
-            await self._teardown(slot, terminate_sandbox=False)
-            self._reap(slot.spec.sandbox_id, actor_uid)
+            # The image is complete. Stop routing to the actor now; the rest (egress rules,
+            # the sandbox process, the namespace) goes after the reply, under the actor's
+            # lock, so a start of the same actor waits for it.
+            self._slots.pop(actor_uid, None)
+            if self.ingress is not None:
+                with contextlib.suppress(SubstrateError, OSError):
+                    await self.ingress.deactivate(actor_uid)
+            await self._reap(slot)
         log.info(
             "workload checkpointed",
             uid=actor_uid,
@@ -405,17 +412,31 @@ class WorkloadManager:
             timings={"checkpoint": t1 - t0},
         )
 
-    def _reap(self, sandbox_id: str, actor_uid: str) -> None:
+    async def _reap(self, slot: _Slot) -> None:
+        """Remove a checkpointed actor's sandbox leftovers and network, in the background."""
+
         async def reap() -> None:
-            async with self._lock(actor_uid):
-                if actor_uid in self._slots:
-                    return  # started again already (its start removed the leftover)
-                with contextlib.suppress(SubstrateError, OSError):
-                    await self.runtime.terminate(sandbox_id)
+            try:
+                async with self._lock(slot.uid):
+                    if slot.uid not in self._slots:  # else started again: leftovers replaced
+                        await self._teardown(slot)
+            finally:
+                self._reaping -= 1
+                if self._reaping == 0:
+                    self._settled.set()
 
         if self._tg is None:
-            return  # not serving: the next run or restore removes the leftover itself
+            await self._teardown(slot)  # not serving: nobody to do it later
+            return
+        if self._reaping == 0:
+            self._settled = anyio.Event()
+        self._reaping += 1
         self._tg.start_soon(reap)
+
+    async def settled(self) -> None:
+        """Wait until every checkpointed actor's leftovers are removed."""
+        if self._reaping:
+            await self._settled.wait()
 
     async def terminate(self, actor_uid: str, *, worker_epoch: int = 0) -> None:
         if worker_epoch and worker_epoch != self.epoch:

@@ -154,6 +154,7 @@ async def test_run_checkpoint_restore_elsewhere(tmp_path: Path) -> None:
         assert done.files and done.runtime_version == "fake-1"
         assert in1.aborts == ["u1"]
         assert "u1" not in in1.routes
+        await w1.settled()  # the network goes after the reply
         assert not await net1.exists(plan_for("w1", "u1"))
         assert w1.running() == []
         with raises(NotFound):
