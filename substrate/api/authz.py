@@ -5,7 +5,7 @@ caller        may call
 ============  =====================================================================
 ateapi        everything (ateapi's own tools and tests)
 client/<n>    every ``substrate.v1.Control`` RPC
-router        ``Control/ResumeActor`` and ``Control/GetActor``
+router        ``Control/ResumeActor``, ``GetActor``, ``GetWorker``, ``ListWorkers``
 atelet/<n>    every ``substrate.v1.WorkerRegistry`` RPC, for workers of node ``<n>`` only
 worker/<u>    nothing
 anyone        ``grpc.health.v1.Health`` (any authenticated caller)
@@ -63,7 +63,8 @@ CONTROL_METHODS: Final = frozenset(
     }
 )
 REGISTRY_METHODS: Final = frozenset({"RegisterWorker", "Heartbeat", "RequestActorSuspend"})
-ROUTER_METHODS: Final = frozenset({"ResumeActor", "GetActor"})
+ROUTER_METHODS: Final = frozenset({"ResumeActor", "GetActor", "GetWorker", "ListWorkers"})
+"""The router resumes actors and looks up workers' atunnel addresses."""
 
 
 def method_path(service: str, method: str) -> str:

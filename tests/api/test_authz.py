@@ -45,6 +45,8 @@ EXPECTED = {
     "router": {
         method_path(CONTROL_SERVICE, "ResumeActor"),
         method_path(CONTROL_SERVICE, "GetActor"),
+        method_path(CONTROL_SERVICE, "GetWorker"),
+        method_path(CONTROL_SERVICE, "ListWorkers"),
     },
     "atelet": set(REGISTRY),
     "worker": set(),

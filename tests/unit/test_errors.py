@@ -38,8 +38,12 @@ def test_every_error_class_has_a_code() -> None:
             out += walk(sub)
         return out
 
+    # Subclasses elsewhere (e.g. the router's TunnelUnreachable) map through their MRO.
     for cls in walk(e.SubstrateError):
-        assert cls in e.GRPC_CODES, cls
+        if cls.__module__ == e.__name__:
+            assert cls in e.GRPC_CODES, cls
+        else:
+            assert e.grpc_code(cls("x")) is not e.GrpcCode.OK
 
 
 @pytest.mark.parametrize("code", list(e.GrpcCode))

@@ -1,0 +1,27 @@
+"""router: parse flags, configure logging, serve until SIGTERM, then drain."""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import structlog
+
+from daemons._common.logging import configure_logging
+from daemons.router import settings as settings_mod
+from daemons.router.wiring import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = settings_mod.parse(argv)
+    configure_logging(settings.log_level)
+    structlog.get_logger("substrate.router").info("starting", **settings.redacted())
+    try:
+        anyio.run(run, settings)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
