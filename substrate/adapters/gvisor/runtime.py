@@ -107,6 +107,10 @@ _FRAME_RE: Final = re.compile(r"^[\w./*()\[\]-]+\(.*\)$")
 """A Go stack frame line, e.g. ``gvisor.dev/gvisor/pkg/urpc.(*Server).handleOne(0xc0, 0x1)``."""
 
 
+CONTROL_SOCKET_BUSY: Final = "creating control server socket"
+"""runsc's error when the abstract control socket of the sandbox id is still bound."""
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class RunscTimeouts:
     """Seconds each kind of runsc command may take before it is killed."""
@@ -671,6 +675,16 @@ class RunscRuntime:
             code, text = await self._detached(sid, argv, limit)
             if code != 0 and "already exists" in text:  # a leftover this runtime did not know
                 await self._remove(sid, ())
+                box.in_runsc = True
+                code, text = await self._detached(sid, argv, limit)
+            pause = 0.05
+            deadline = self._clock() + self._timeouts.gone
+            while code != 0 and CONTROL_SOCKET_BUSY in text and self._clock() < deadline:
+                # The control socket (@runsc-sandbox.<id>) of the sandbox this one replaces
+                # is still bound: its last process is still going away. Wait and retry.
+                await self._remove(sid, ())
+                await anyio.sleep(pause)
+                pause = min(pause * 2, 0.5)
                 box.in_runsc = True
                 code, text = await self._detached(sid, argv, limit)
             if code != 0:
