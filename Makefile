@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit venv system-deps sim bench docs gen-proto clean
+.PHONY: test lint typecheck unit venv system-deps demo sim bench docs gen-proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ unit: $(STAMP) system-deps
 # The whole suite: lint, types, import boundaries (a test), every test tier.
 test: lint typecheck unit
 
+# The main job: install what is missing, start the local stack (`ate up`: gVisor as root with
+# runsc, else the fake runtime) unless it is up, and run the counter demo. The stack stays up.
+demo: $(STAMP) system-deps
+	@$(PY) -m substrate.cli status >/dev/null 2>&1 || $(PY) -m substrate.cli up
+	$(PY) examples/counter/demo.py
+	@echo "The local stack is still up: '$(VENV)/bin/ate status' shows it, '$(VENV)/bin/ate down' stops it."
+
 sim: $(STAMP)
 	$(PY) examples/simulation.py
 
@@ -40,6 +47,7 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) scripts/render_lifecycle.py > docs/lifecycle.md
+	$(PY) scripts/render_api_docs.py > docs/api.md
 
 gen-proto: $(STAMP)
 	$(PY) scripts/gen_proto.py

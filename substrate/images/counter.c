@@ -1,6 +1,9 @@
 /* counter: the small HTTP/1.1 workload of substrate's sandbox conformance suite.
  *
- *   GET /        adds one to an in-memory counter: "count=<n> boot=<token>"
+ *   GET /        adds one to an in-memory counter: "count=<n> boot=<token>"; with env
+ *                STATE_DIR set it also adds one to the counter kept in the file
+ *                $STATE_DIR/count and answers "count=<n> boot=<token> disk=<m>"
+ *                (disk=error if the file cannot be written)
  *   GET /readyz  "ok"
  *   GET /whoami  "<atespace>/<name> <uid>" from /run/ate/{atespace,name,uid} (404 if absent)
  *   GET /fill    "filled=<MiB>": how much of FILL_MIB is allocated and touched so far
@@ -11,6 +14,8 @@
  * client closes; after HTTP/1.0 or "Connection: close" the server closes once it answered.
  * FILL_MIB=N allocates N MiB after listening and fills it with pseudo-random bytes (seeded
  * by the token), 1 MiB per loop turn, so the server answers while it fills.
+ * STATE_DIR (created if missing) is any directory; in a substrate sandbox /tmp is a tmpfs,
+ * so a file there is part of the memory snapshot.
  * One thread, one poll() loop. Build: gcc -static -O2 -Wall -Wextra -o counter counter.c
  */
 #define _GNU_SOURCE
@@ -28,6 +33,7 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +59,7 @@ static char token[17];
 static uint64_t rng;
 static unsigned char *fill;
 static long fill_target, fill_done; /* MiB */
+static char count_path[512], count_tmp[520]; /* "" unless STATE_DIR is set */
 
 static uint64_t next_random(void) { /* splitmix64 */
   uint64_t z = (rng += 0x9e3779b97f4a7c15ULL);
@@ -90,6 +97,46 @@ static int read_small(const char *path, char *buf, size_t size) {
   return 0;
 }
 
+/* mkdir -p of STATE_DIR and the paths of its counter file; exits on a bad value. */
+static void setup_state_dir(const char *dir) {
+  char path[sizeof count_path];
+  size_t len = strlen(dir);
+  if (!len || len >= sizeof path - 8) {
+    fprintf(stderr, "counter: STATE_DIR must be a path shorter than %zu bytes\n", sizeof path - 8);
+    exit(2);
+  }
+  memcpy(path, dir, len + 1);
+  for (char *p = path + 1;; p++) {
+    if (*p == '/' || !*p) {
+      char saved = *p;
+      *p = 0;
+      if (mkdir(path, 0755) && errno != EEXIST) {
+        fprintf(stderr, "counter: STATE_DIR %s: %s\n", path, strerror(errno));
+        exit(1);
+      }
+      *p = saved;
+      if (!saved) break;
+    }
+  }
+  snprintf(count_path, sizeof count_path, "%s/count", dir);
+  snprintf(count_tmp, sizeof count_tmp, "%s/count.tmp", dir);
+}
+
+/* Add one to the counter in STATE_DIR/count (written whole, then renamed); -1 on failure. */
+static long long disk_step(void) {
+  char buf[64];
+  long long n = 0;
+  if (!read_small(count_path, buf, sizeof buf)) n = strtoll(buf, NULL, 10);
+  if (n < 0) n = 0;
+  n++;
+  int len = snprintf(buf, sizeof buf, "%lld\n", n);
+  int fd = open(count_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  ssize_t w = write(fd, buf, (size_t)len);
+  if (close(fd) || w != len || rename(count_tmp, count_path)) return -1;
+  return n;
+}
+
 static void respond(struct conn *c, int status, const char *body) {
   const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request"
                      : status == 404 ? "Not Found" : "Method Not Allowed";
@@ -107,7 +154,12 @@ static void route(struct conn *c, const char *method, const char *target) {
   if (strcmp(method, "GET") != 0) {
     respond(c, 405, "method not allowed");
   } else if (plen == 1) {
-    snprintf(body, sizeof body, "count=%llu boot=%s", ++counter, token);
+    int n = snprintf(body, sizeof body, "count=%llu boot=%s", ++counter, token);
+    if (count_path[0]) {
+      long long disk = disk_step();
+      if (disk < 0) snprintf(body + n, sizeof body - (size_t)n, " disk=error");
+      else snprintf(body + n, sizeof body - (size_t)n, " disk=%lld", disk);
+    }
     respond(c, 200, body);
   } else if (plen == 7 && !strncmp(target, "/readyz", 7)) {
     respond(c, 200, "ok");
@@ -283,6 +335,7 @@ int main(int argc, char **argv) {
   }
   if (!nlisten) add_port("80");
   for (int i = 0; i < MAXCONN; i++) conns[i].fd = -1;
+  if (getenv("STATE_DIR")) setup_state_dir(getenv("STATE_DIR"));
   fill_target = getenv("FILL_MIB") ? atol(getenv("FILL_MIB")) : 0;
   if (fill_target > 0 && !(fill = malloc((size_t)fill_target * MIB))) {
     fprintf(stderr, "counter: cannot allocate %ld MiB\n", fill_target);
