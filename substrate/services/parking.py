@@ -16,6 +16,7 @@ from substrate.core.ids import ActorRef
 from substrate.errors import GrpcCode, SubstrateError, Unavailable
 from substrate.net.parking import (
     Failure,
+    FlightView,
     Outcome,
     ParkingConfig,
     ParkingLot,
@@ -204,6 +205,10 @@ class ParkingResumer(Generic[T]):
             return cast(T, resolution.result)
         assert resolution.failure is not None
         raise resolution.failure.to_error() from waiter.cause
+
+    def flight(self, actor: ActorRef) -> FlightView | None:
+        """The actor's current flight, if one runs (e.g. for deadline-aware admission)."""
+        return self._lot.flight(actor)
 
     def stats(self) -> ParkingStatus:
         lot = self._lot.stats()
