@@ -5,7 +5,8 @@
 Processes (all on 127.0.0.1):
 
 * a *workload*: a minimal keep-alive HTTP/1.1 server (asyncio protocol, fixed 2-byte body);
-* a *worker*: a real atunnel (mTLS, ``Identity.worker("w-0")``) in front of the workload, and
+* a *worker*: a real atunnel (mTLS, ``Identity.worker("w-0")``; on asyncio's loop, as the
+  ateworker daemon runs it, or on uvloop with ``--uvloop``) in front of the workload, and
   a scripted ateapi (grpclib + mTLS + the real authorizer). Its ResumeActor answers RUNNING
   for ``bench/hot``; "restores" ``bench/cold-*`` actors (activates them in atunnel after
   ``--restore-ms``); and for ``sat/*`` actors admits at most ``--slots`` at a time, each
@@ -114,7 +115,10 @@ async def serve_worker(
     from substrate.sandbox.spec import SandboxAddress
     from substrate.services.atunnel import Atunnel, atunnel_server_context
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    # As the daemons configure it (cached loggers), at ERROR: the bench measures the path.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(40), cache_logger_on_first_use=True
+    )
     address = SandboxAddress(host=HOST, ports=((80, workload_port),))
     used = 0
     stats = {"resume_calls": 0}
@@ -198,6 +202,17 @@ async def serve_worker(
 
 
 # --- processes --------------------------------------------------------------------------------
+
+
+def event_loop_options(uvloop: bool) -> dict[str, Any]:
+    """anyio's asyncio options: uvloop when asked for and installed."""
+    if not uvloop:
+        return {}
+    try:
+        import uvloop as _  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
 
 
 def make_pki(base: Path) -> None:
@@ -497,6 +512,14 @@ def main() -> None:
     parser.add_argument("--role", choices=("workload", "worker"), default=None)
     parser.add_argument("--tls", type=Path)
     parser.add_argument("--workload-port", type=int, default=0)
+    parser.add_argument(
+        "--uvloop",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the worker's atunnel on uvloop (if installed); the daemons do not: with "
+        "anyio's streams, libuv reads up to 32 x 256 KiB per wakeup, so a streamed body "
+        "is no longer held to one 64 KiB read per direction",
+    )
     args = parser.parse_args()
     if args.role == "workload":
         asyncio.run(serve_workload())
@@ -505,7 +528,13 @@ def main() -> None:
         import anyio
 
         anyio.run(
-            serve_worker, args.tls, args.workload_port, args.restore_ms, args.slots, args.hold_ms
+            serve_worker,
+            args.tls,
+            args.workload_port,
+            args.restore_ms,
+            args.slots,
+            args.hold_ms,
+            backend_options=event_loop_options(args.uvloop),
         )
         return
 

@@ -32,15 +32,26 @@ being checkpointed) or a :class:`~substrate.net.tunnel.Forward`:
   ``Upgrade`` request turns the connection into a raw splice, as CONNECT does.
 
 A connection that fails (connect refused, timeout, an actor closing before answering) is
-``502``. Each forwarded request uses its own connection to the actor, closed when its
-exchange ends: idle connections to an actor would block its checkpoint.
+``502``.
+
+*Connections to actors are kept alive, briefly.* A connection whose exchange ended cleanly
+(the whole request sent, the whole response read, no ``Connection: close``, no protocol
+switch, nothing left over) goes to a small idle pool of its actor's port and carries the
+next request for that port, if one comes within ``backend_idle_timeout`` seconds (default
+1 s: below the keep-alive timeout of common servers, so the actor is not the one that
+closes). An idle connection is checked before reuse (a peer that closed or sent unasked
+bytes makes it unusable) and reset when it expires. A request without a body that meets
+a kept-alive connection broken under it (the actor closed it meanwhile: nothing came back)
+is sent again once on a new connection; a request with a body is not replayed (``502``).
+``backend_idle_timeout=0`` turns reuse off: one connection per request.
 
 *Connections to actors are reset, never closed.* gVisor cannot checkpoint a sandbox while
 one of its TCP connections is open or in TIME_WAIT, so every socket atunnel opens to an
 actor has ``SO_LINGER {1, 0}`` from birth: closing it sends RST, never FIN, whatever the
 reason (end of exchange, error, abort, shutdown). Each open connection is a *link*
 registered under the actor's uid, synchronously with the routing decision (no await in
-between), so :meth:`Atunnel.abort` sees every connection that exists or is being made.
+between), so :meth:`Atunnel.abort` sees every connection that exists or is being made;
+an idle kept-alive connection stays registered under its actor's uid in the idle pool.
 
 *Checkpoints.* Before a checkpoint the worker calls :meth:`Atunnel.abort`: the route is
 quiesced (new requests get 421, and the router re-resolves the actor), then every link of
@@ -63,6 +74,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import socket
 import ssl
 import struct
@@ -157,9 +169,19 @@ class AtunnelStats:
     not_found: int
     bad_gateway: int
     resets: int
-    """Links reset by :meth:`Atunnel.abort` or :meth:`Atunnel.deactivate`."""
+    """Links in use reset by :meth:`Atunnel.abort` or :meth:`Atunnel.deactivate`."""
     open_links: int
-    """Connections to actors open right now."""
+    """Connections to actors open right now (in use or idle)."""
+    reused: int = 0
+    """Requests forwarded on a kept-alive connection to the actor."""
+    idle_links: int = 0
+    """Idle kept-alive connections to actors right now (counted in ``open_links`` too)."""
+    idle_resets: int = 0
+    """Idle kept-alive connections reset by :meth:`Atunnel.abort` or :meth:`Atunnel.deactivate`."""
+    idle_expired: int = 0
+    """Idle kept-alive connections reset because they expired or the actor closed them."""
+    retries: int = 0
+    """Requests sent again on a new connection after a kept-alive one broke under them."""
 
 
 @attrs.define(slots=True)
@@ -175,6 +197,10 @@ class _Counters:
     not_found: int = 0
     bad_gateway: int = 0
     resets: int = 0
+    reused: int = 0
+    idle_resets: int = 0
+    idle_expired: int = 0
+    retries: int = 0
 
     def refused(self, refusal: Refusal) -> None:
         match refusal.status:
@@ -202,23 +228,63 @@ def _set_rst_on_close(stream: anyio.abc.AnyByteStream) -> None:
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
 
 
-def _unsent(stream: anyio.abc.AnyByteStream) -> int:
-    """Bytes in the socket's send queue that the peer has not acknowledged (``SIOCOUTQ``)."""
-    raw = stream.extra(SocketAttribute.raw_socket, None)
-    if raw is None or raw.fileno() == -1:
-        return 0
-    try:
-        buf = fcntl.ioctl(raw.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-    except OSError:
-        return 0
-    return int(struct.unpack("i", buf)[0])
-
-
 async def _reset(stream: anyio.abc.AnyByteStream) -> None:
-    """Close ``stream`` with RST (``SO_LINGER {1, 0}``), never FIN."""
+    """Close ``stream`` with RST (``SO_LINGER {1, 0}``), never FIN.
+
+    The socket is closed before the first suspension (anyio's ``aclose`` aborts the
+    transport, then yields), so a caller that forgets a connection and resets it at once
+    leaves no moment in which the connection is open but untracked.
+    """
     _set_rst_on_close(stream)
     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
         await stream.aclose()
+
+
+class _Backend:
+    """A connection to an actor: its stream, and its socket (``SO_LINGER {1, 0}`` from
+    birth, so closing it always resets). Kept so that the hot path needs no
+    ``stream.extra()`` (which asks the kernel for both addresses every time)."""
+
+    __slots__ = ("since", "sock", "stream")
+
+    def __init__(self, stream: SocketStream, sock: socket.socket) -> None:
+        self.stream = stream
+        self.sock = sock
+        self.since = 0.0
+        """When it went idle (in the idle pool)."""
+
+    def quiet(self) -> bool:
+        """Whether an idle connection still looks open: nothing to read, not even EOF.
+
+        An idle HTTP/1.1 connection has nothing to say; if its socket is readable the
+        actor closed it (or sent bytes nobody asked for), and it must not carry a request.
+        """
+        fd = self.sock.fileno()
+        if fd == -1:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        try:
+            return not poller.poll(0)
+        except OSError:
+            return False
+
+    def unsent(self) -> int:
+        """Bytes in the send queue that the actor has not acknowledged (``SIOCOUTQ``)."""
+        fd = self.sock.fileno()
+        if fd == -1:
+            return 0
+        try:
+            buf = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+        except OSError:
+            return 0
+        return int(struct.unpack("i", buf)[0])
+
+    async def reset(self) -> None:
+        """Close with RST; the socket is closed before the first suspension (see
+        :func:`_reset`)."""
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self.stream.aclose()
 
 
 @attrs.define(eq=False)
@@ -253,16 +319,27 @@ class _Client:
                 await transport.aclose()
 
 
-@attrs.define(eq=False)
+_PoolKey = tuple[str, int, str]
+"""Where kept-alive connections of one actor lead: (host, host port, device)."""
+
+
+@attrs.define(eq=False, slots=True)
 class _Link:
-    """One connection to an actor (made or being made) and the exchange that uses it."""
+    """One connection to an actor (made, being made or taken from the idle pool) and the
+    exchange that uses it."""
 
     actor_uid: str
     client: _Client
     scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
-    backend: SocketStream | None = None
+    backend: _Backend | None = None
     aborted: bool = False
     done: anyio.Event = attrs.Factory(anyio.Event)
+    reused: bool = False
+    """The connection came from the idle pool."""
+    keep: bool = False
+    """The exchange ended cleanly: the connection may go back to the idle pool."""
+    stale: list[_Backend] = attrs.Factory(list)
+    """Idle connections found unusable on the way, reset by the link's owner (or abort)."""
 
 
 class _Gone(Exception):
@@ -284,7 +361,7 @@ async def _next_event(conn: h11.Connection, stream: anyio.abc.ByteStream) -> obj
         conn.receive_data(data)
 
 
-async def _connect(forward: Forward) -> SocketStream:
+async def _connect(forward: Forward) -> _Backend:
     """A TCP connection to the actor, RST-on-close from birth, bound to its device if any.
 
     The caller bounds the time it may take.
@@ -303,7 +380,7 @@ async def _connect(forward: Forward) -> SocketStream:
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             raise OSError(err, os.strerror(err))
-        return await SocketStream.from_socket(sock)
+        return _Backend(await SocketStream.from_socket(sock), sock)
     except BaseException:
         sock.close()  # linger {1, 0}: a half-made connection is reset too
         raise
@@ -321,6 +398,11 @@ class _Exchange:
     switched: bool = False
     trailers_ok: bool = False
     status: int = 0
+    replayable: bool = False
+    """The request may be sent again on a new connection if the actor's broke under it
+    before anything came back (a kept-alive connection and a request without a body)."""
+    retry: bool = False
+    """It broke so: nothing was answered, the caller sends the request again."""
 
 
 # --- the listener -----------------------------------------------------------------------
@@ -352,6 +434,8 @@ class Atunnel:
         connect_timeout: float = 5.0,
         drain_timeout: float = 2.0,
         abort_timeout: float = 5.0,
+        backend_idle_timeout: float = 1.0,
+        backend_idle_max: int = 64,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"atunnel port {port!r} must be in 0..65535")
@@ -364,6 +448,12 @@ class Atunnel:
         ):
             if not value > 0:
                 raise InvalidArgument(f"atunnel {what} must be greater than 0, got {value!r}")
+        if not backend_idle_timeout >= 0:
+            raise InvalidArgument(
+                f"atunnel backend_idle_timeout must be >= 0, got {backend_idle_timeout!r}"
+            )
+        if backend_idle_max < 0:
+            raise InvalidArgument(f"atunnel backend_idle_max must be >= 0, got {backend_idle_max}")
         who = [Identity.router(trust_domain)] if allowed is None else list(allowed)
         self._allowed: frozenset[SpiffeId] = frozenset(
             a.spiffe_id if isinstance(a, Identity) else a for a in who
@@ -376,8 +466,12 @@ class Atunnel:
         self._connect_timeout = connect_timeout
         self._drain_timeout = drain_timeout
         self._abort_timeout = abort_timeout
+        self._idle_keep = backend_idle_timeout
+        self._idle_max = backend_idle_max if backend_idle_timeout > 0 else 0
         self._table = RouteTable()
         self._links: dict[str, set[_Link]] = {}
+        self._idle: dict[str, dict[_PoolKey, list[_Backend]]] = {}
+        """Kept-alive connections by actor uid and destination (the most recently used last)."""
         self._counters = _Counters()
         self._tg: TaskGroup | None = None
         self._listeners: list[SocketListener] = []
@@ -396,6 +490,8 @@ class Atunnel:
         self._port = listeners[0].extra(SocketAttribute.local_port)
         for listener in listeners:
             tg.start_soon(self._accept_loop, listener)
+        if self._idle_max:
+            tg.start_soon(self._expire_idle_loop)
         log.info("atunnel.listening", host=self._host, port=self._port)
         return self
 
@@ -412,6 +508,8 @@ class Atunnel:
             return await tg.__aexit__(exc_type, exc, tb)
         finally:
             with anyio.CancelScope(shield=True):
+                for uid in list(self._idle):
+                    await self._reset_idle(uid)
                 for listener in self._listeners:
                     with contextlib.suppress(Exception):
                         await listener.aclose()
@@ -468,12 +566,13 @@ class Atunnel:
         """Quiesce the actor and reset every open connection to it, on both sides.
 
         Call right before a checkpoint: when this returns, no connection to the actor is
-        open (each was closed with RST, so none is in TIME_WAIT either) and new requests
-        get 421 until :meth:`activate` or :meth:`deactivate`. Returns how many
-        connections were reset.
+        open, in use or idle (each was closed with RST, so none is in TIME_WAIT either)
+        and new requests get 421 until :meth:`activate` or :meth:`deactivate`. Returns
+        how many connections were reset (in use or idle).
         """
         self._table.quiesce(actor_uid)
-        return await self._reset_links(actor_uid)
+        idle = await self._reset_idle(actor_uid)
+        return idle + await self._reset_links(actor_uid)
 
     async def deactivate(self, actor_uid: str) -> None:
         """Remove the actor's route and reset its open connections (idempotent).
@@ -482,6 +581,7 @@ class Atunnel:
         open; :meth:`stats` counts the connections reset.
         """
         route = self._table.remove(actor_uid)
+        await self._reset_idle(actor_uid)
         await self._reset_links(actor_uid)
         if route is not None:
             log.info("atunnel.deactivate", actor=str(route.actor), actor_uid=actor_uid)
@@ -497,13 +597,17 @@ class Atunnel:
         return self._table.routes()
 
     def open_connections(self, actor_uid: str) -> int:
-        """Connections to the actor that are open or being made right now."""
-        return len(self._links.get(actor_uid, ()))
+        """Connections to the actor that are open (in use or idle) or being made right now."""
+        pools = self._idle.get(actor_uid)
+        idle = sum(len(p) for p in pools.values()) if pools else 0
+        return len(self._links.get(actor_uid, ())) + idle
 
     def stats(self) -> AtunnelStats:
+        idle = sum(len(p) for pools in self._idle.values() for p in pools.values())
         return AtunnelStats(
             **attrs.asdict(self._counters),
-            open_links=sum(len(links) for links in self._links.values()),
+            open_links=sum(len(links) for links in self._links.values()) + idle,
+            idle_links=idle,
         )
 
     # --- links ------------------------------------------------------------------------
@@ -513,21 +617,106 @@ class Atunnel:
         self._links.setdefault(actor_uid, set()).add(link)
         return link
 
-    async def _close_link(self, link: _Link) -> None:
-        """Reset the link's connection to the actor and forget the link.
+    def _take_idle(self, link: _Link, forward: Forward) -> None:
+        """Give ``link`` a kept-alive connection to ``forward``'s address, if one is usable.
 
-        The link stays registered until its socket is gone, so an :meth:`abort` meanwhile
-        still finds (and waits for) it.
+        Synchronous, like the link's registration: the connection goes from the idle pool
+        to the link with no moment in between. Unusable ones met on the way move to
+        ``link.stale``, for the link's owner (or an abort) to reset.
         """
-        if link.backend is not None:
+        pools = self._idle.get(link.actor_uid)
+        if pools is None:
+            return
+        key = (forward.host, forward.host_port, forward.device)
+        idle = pools.get(key)
+        if idle is None:
+            return
+        expired = time.monotonic() - self._idle_keep
+        while idle:
+            backend = idle.pop()
+            if backend.since > expired and backend.quiet():
+                link.backend = backend
+                link.reused = True
+                self._counters.reused += 1
+                break
+            link.stale.append(backend)
+            self._counters.idle_expired += 1
+        if not idle:
+            del pools[key]
+            if not pools:
+                del self._idle[link.actor_uid]
+
+    def _keep_idle(self, link: _Link, backend: _Backend, forward: Forward) -> bool:
+        """Put ``backend`` in the idle pool if the link's exchange allows it; whether it did."""
+        if not link.keep or link.aborted:
+            return False
+        route = self._table.get(link.actor_uid)
+        if route is None or route.quiesced:  # aborted or deactivated meanwhile
+            return False
+        pools = self._idle.setdefault(link.actor_uid, {})
+        idle = pools.setdefault((forward.host, forward.host_port, forward.device), [])
+        if len(idle) >= self._idle_max:
+            return False
+        backend.since = time.monotonic()
+        idle.append(backend)
+        return True
+
+    async def _reset_idle(self, actor_uid: str) -> int:
+        """Reset every idle kept-alive connection of the actor; how many."""
+        pools = self._idle.pop(actor_uid, None)
+        if not pools:
+            return 0
+        backends = [backend for idle in pools.values() for backend in idle]
+        for backend in backends:
+            await backend.reset()
+        self._counters.idle_resets += len(backends)
+        return len(backends)
+
+    async def _expire_idle_loop(self) -> None:
+        """Reset idle connections that expired, or that their actor closed, as time goes."""
+        interval = max(min(self._idle_keep / 2, 1.0), 0.01)
+        while True:
+            await anyio.sleep(interval)
+            expired = time.monotonic() - self._idle_keep
+            for uid in list(self._idle):
+                for key, idle in list(self._idle.get(uid, {}).items()):
+                    for backend in list(idle):
+                        if backend.since > expired and backend.quiet():
+                            continue
+                        pools = self._idle.get(uid)
+                        if pools is None or pools.get(key) is not idle or backend not in idle:
+                            continue  # taken or reset meanwhile
+                        # Forgotten and reset with no suspension in between (see _reset).
+                        idle.remove(backend)
+                        self._counters.idle_expired += 1
+                        await backend.reset()
+                    pools = self._idle.get(uid)
+                    if pools is not None and not pools.get(key, True):
+                        del pools[key]
+                        if not pools:
+                            del self._idle[uid]
+
+    async def _close_link(self, link: _Link, forward: Forward | None = None) -> None:
+        """Keep the link's connection for reuse (a clean exchange) or reset it, and forget
+        the link.
+
+        The link stays registered until its socket is pooled or gone, so an :meth:`abort`
+        meanwhile still finds (and waits for) it.
+        """
+        for stale in link.stale:
+            await stale.reset()
+        link.stale.clear()
+        if link.backend is not None and (
+            forward is None or not self._keep_idle(link, link.backend, forward)
+        ):
             if not link.aborted:
                 # A reset discards what the actor has not acknowledged yet: at the end of
                 # an exchange or tunnel, let it take everything first (briefly).
                 with anyio.move_on_after(self._drain_timeout):
                     # the send queue has no readiness event to wait for: poll it
-                    while _unsent(link.backend) and not link.aborted:  # noqa: ASYNC110
+                    while link.backend.unsent() and not link.aborted:  # noqa: ASYNC110
                         await anyio.sleep(0.005)
-            await _reset(link.backend)
+            await link.backend.reset()
         links = self._links.get(link.actor_uid)
         if links is not None:
             links.discard(link)
@@ -542,7 +731,9 @@ class Atunnel:
         with anyio.CancelScope(shield=True):
             for link in links:
                 if link.backend is not None:
-                    await _reset(link.backend)
+                    await link.backend.reset()
+                for stale in link.stale:
+                    await stale.reset()
                 await link.client.hard_close()
                 link.scope.cancel()
             with anyio.move_on_after(self._abort_timeout):
@@ -646,29 +837,42 @@ class Atunnel:
             return await self._refuse(client, conn, decision)
         # From the routing decision to the registration nothing awaits: abort() sees it.
         link = self._open_link(decision.route.actor_uid, client)
+        if not is_connect and self._idle_max:
+            self._take_idle(link, decision)  # synchronous too
         status = 0
         try:
             with link.scope:
-                try:
-                    with anyio.fail_after(self._connect_timeout):
-                        link.backend = await _connect(decision)
-                except (TimeoutError, OSError) as exc:
-                    refusal = refusal_for(
-                        Unavailable(
-                            f"cannot connect to actor {decision.route.actor} port "
-                            f"{decision.port}: {_describe(exc)}"
-                        )
-                    )
-                    status = refusal.status
-                    return await self._refuse(client, conn, refusal)
-                if is_connect:
-                    status = await self._tunnel(link, conn, decision)
-                    return False
-                status, reusable = await self._exchange(link, conn, request, raw_headers, decision)
-                return reusable
+                for stale in link.stale:
+                    await stale.reset()
+                link.stale.clear()
+                while True:
+                    if link.backend is None:
+                        try:
+                            with anyio.fail_after(self._connect_timeout):
+                                link.backend = await _connect(decision)
+                        except (TimeoutError, OSError) as exc:
+                            refusal = refusal_for(
+                                Unavailable(
+                                    f"cannot connect to actor {decision.route.actor} port "
+                                    f"{decision.port}: {_describe(exc)}"
+                                )
+                            )
+                            status = refusal.status
+                            return await self._refuse(client, conn, refusal)
+                    if is_connect:
+                        status = await self._tunnel(link, conn, decision)
+                        return False
+                    outcome = await self._exchange(link, conn, request, raw_headers, decision)
+                    if outcome is not None:
+                        status, reusable = outcome
+                        return reusable
+                    # The kept-alive connection broke before any answer: a new one.
+                    self._counters.retries += 1
+                    broken, link.backend, link.reused = link.backend, None, False
+                    await broken.reset()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._close_link(link)
+                await self._close_link(link, decision)
             if link.aborted:
                 status = status or 499
             self._log(request, status, started, client=client, forward=decision)
@@ -718,8 +922,8 @@ class Atunnel:
 
     async def _tunnel(self, link: _Link, conn: h11.Connection, forward: Forward) -> int:
         client = link.client
-        backend = link.backend
-        assert backend is not None
+        assert link.backend is not None
+        backend = link.backend.stream
         try:
             event = await _next_event(conn, client.tls)  # EndOfMessage: CONNECT has no body
         except (_Gone, h11.RemoteProtocolError):
@@ -747,17 +951,23 @@ class Atunnel:
         request: h11.Request,
         raw_headers: list[tuple[bytes, bytes]],
         forward: Forward,
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, bool] | None:
         """Forward one request and its response, both streamed.
 
         The status answered, and whether the client connection may carry another request
-        (h11's states have the last word on that).
+        (h11's states have the last word on that); None if a kept-alive connection broke
+        before anything came back and the request (complete, without a body) should be
+        sent again on a new one. Sets ``link.keep`` when the connection to the actor may
+        carry another request.
         """
         client = link.client
-        backend = link.backend
-        assert backend is not None
+        assert link.backend is not None
+        backend = link.backend.stream
         upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
         state = _Exchange()
+        # A request without a body (h11 has its end already): no task to pump a body, and
+        # the head and its end leave in one write.
+        complete = conn.their_state is h11.DONE or not has_body(raw_headers)
         try:
             head = upstream.send(
                 h11.Request(
@@ -768,27 +978,43 @@ class Atunnel:
                     ),
                 )
             )
+            if complete:
+                if conn.their_state is not h11.DONE:
+                    event = conn.next_event()
+                    if not isinstance(event, h11.EndOfMessage):  # not for a bodiless request
+                        raise h11.LocalProtocolError(f"unexpected {type(event).__name__}")
+                head = (head or b"") + (upstream.send(h11.EndOfMessage()) or b"")
+                state.request_done.set()
+                state.replayable = link.reused
             await backend.send(head or b"")
-        except h11.LocalProtocolError as exc:
+            self._counters.requests += 1
+        except h11.ProtocolError as exc:
             refusal = Refusal(400, f"cannot forward this request: {exc}")
             await self._refuse(client, conn, refusal, close=True)
             return refusal.status, False
         except _STREAM_GONE as exc:
+            if state.replayable:
+                return None
             refusal = refusal_for(
                 Unavailable(f"actor {forward.route.actor} went away: {_describe(exc)}")
             )
             await self._refuse(client, conn, refusal, close=True)
             return refusal.status, False
-        self._counters.requests += 1
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._pump_request, conn, client, upstream, backend, state, tg)
+        if complete:
             await self._pump_response(conn, client, upstream, backend, state, forward)
-            if state.response_done and not state.request_done.is_set():
-                # The actor answered before reading the whole body: give the client a
-                # moment to finish it, so that the connection can carry another request.
-                with anyio.move_on_after(self._drain_timeout):
-                    await state.request_done.wait()
-            tg.cancel_scope.cancel()
+            if state.retry:
+                self._counters.requests -= 1  # counted once, when sent again
+                return None
+        else:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pump_request, conn, client, upstream, backend, state, tg)
+                await self._pump_response(conn, client, upstream, backend, state, forward)
+                if state.response_done and not state.request_done.is_set():
+                    # The actor answered before reading the whole body: give the client a
+                    # moment to finish it, so that the connection can carry another request.
+                    with anyio.move_on_after(self._drain_timeout):
+                        await state.request_done.wait()
+                tg.cancel_scope.cancel()
         if state.client_gone:
             return state.status, False
         if state.switched:
@@ -797,6 +1023,14 @@ class Atunnel:
             to_client, _ = upstream.trailing_data
             await _splice(client.tls, backend, to_backend=to_backend, to_client=to_client)
             return state.status, False
+        link.keep = (
+            state.response_done
+            and state.request_done.is_set()
+            and not state.backend_gone
+            and upstream.our_state is h11.DONE
+            and upstream.their_state is h11.DONE
+            and upstream.trailing_data == (b"", False)
+        )
         return state.status, True
 
     async def _pump_request(
@@ -839,13 +1073,37 @@ class Atunnel:
         state: _Exchange,
         forward: Forward,
     ) -> None:
-        """Actor → client: informational answers, the response head, body and end."""
+        """Actor → client: informational answers, the response head, body and end.
+
+        What h11 gives from one read of the actor's socket leaves in one write to the
+        router (a small answer: head, body and end together).
+        """
+        pending: list[bytes] = []
+        tls = client.tls
         while True:
             try:
-                event = await _next_event(upstream, backend)
-            except (_Gone, h11.RemoteProtocolError) as exc:
-                await self._actor_failed(conn, client, state, forward, _describe(exc))
+                event = upstream.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._actor_failed(conn, client, state, forward, _describe(exc), pending)
                 return
+            if event is h11.NEED_DATA:
+                if pending:
+                    data = b"".join(pending)
+                    pending.clear()
+                    try:
+                        await tls.send(data)
+                    except _STREAM_GONE:
+                        state.client_gone = True
+                        return
+                try:
+                    received = await backend.receive(RECEIVE_SIZE)
+                except anyio.EndOfStream:
+                    received = b""
+                except _STREAM_GONE as exc:
+                    await self._actor_failed(conn, client, state, forward, _describe(exc), pending)
+                    return
+                upstream.receive_data(received)
+                continue
             if isinstance(event, h11.InformationalResponse):
                 switching = event.status_code == 101
                 if switching:
@@ -855,7 +1113,7 @@ class Atunnel:
                         await state.request_done.wait()
                     if not state.request_done.is_set():
                         why = "it switched protocols before the request ended"
-                        await self._actor_failed(conn, client, state, forward, why)
+                        await self._actor_failed(conn, client, state, forward, why, pending)
                         return
                 out: h11.Event = h11.InformationalResponse(
                     status_code=event.status_code,
@@ -879,28 +1137,33 @@ class Atunnel:
             elif isinstance(event, h11.EndOfMessage):
                 out = event if state.trailers_ok else h11.EndOfMessage()
             else:  # ConnectionClosed before the end of the response, or PAUSED
-                await self._actor_failed(
-                    conn, client, state, forward, "the actor closed the connection"
-                )
+                why = "the actor closed the connection"
+                await self._actor_failed(conn, client, state, forward, why, pending)
                 return
             try:
-                data = conn.send(out)
+                produced = conn.send(out)
             except h11.LocalProtocolError as exc:
-                await self._actor_failed(conn, client, state, forward, f"bad answer: {exc}")
+                why = f"bad answer: {exc}"
+                await self._actor_failed(conn, client, state, forward, why, pending)
                 return
-            try:
-                await client.tls.send(data or b"")
-            except _STREAM_GONE:
-                state.client_gone = True
-                return
+            state.replayable = False  # something is on its way to the client
+            if produced:
+                pending.append(produced)
             if isinstance(out, h11.Response):
                 state.response_head_sent = True
-            elif isinstance(out, h11.InformationalResponse) and out.status_code == 101:
-                state.status = 101
-                state.switched = True
-                return
-            elif isinstance(out, h11.EndOfMessage):
-                state.response_done = True
+            elif isinstance(out, h11.EndOfMessage) or (
+                isinstance(out, h11.InformationalResponse) and out.status_code == 101
+            ):
+                try:
+                    await tls.send(b"".join(pending))
+                except _STREAM_GONE:
+                    state.client_gone = True
+                    return
+                if isinstance(out, h11.EndOfMessage):
+                    state.response_done = True
+                else:
+                    state.status = 101
+                    state.switched = True
                 return
 
     async def _actor_failed(
@@ -910,7 +1173,15 @@ class Atunnel:
         state: _Exchange,
         forward: Forward,
         why: str,
+        pending: list[bytes],
     ) -> None:
+        if state.replayable:
+            state.retry = True  # nothing came back on a kept-alive connection: send again
+            return
+        if pending:
+            with contextlib.suppress(*_STREAM_GONE):
+                await client.tls.send(b"".join(pending))
+            pending.clear()
         if state.response_head_sent:
             # Too late for a status: the only way to say "truncated" is to drop the
             # connection before the end of the message.

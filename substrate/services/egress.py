@@ -78,7 +78,12 @@ _log = structlog.get_logger(__name__)
 
 
 def read_original_dst(sock: socket.socket) -> tuple[str, int] | None:
-    """``SO_ORIGINAL_DST`` of an accepted socket; ``None`` for a direct connection."""
+    """``SO_ORIGINAL_DST`` of an accepted socket.
+
+    ``None`` for a connection that was not redirected when the host has no NAT rules; with
+    NAT rules loaded, conntrack reports an unredirected connection's own destination (the
+    listener), which the policy always refuses (it is inside the gateway's /30).
+    """
     try:
         raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
     except OSError:  # ENOENT: no NAT entry, the connection was not redirected

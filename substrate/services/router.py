@@ -42,6 +42,7 @@ carry ``Connection: close``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -66,7 +67,7 @@ from substrate.errors import (
     grpc_code,
 )
 from substrate.identity.spiffe import DEFAULT_TRUST_DOMAIN
-from substrate.net.parking import FlightView, ParkingConfig
+from substrate.net.parking import ParkingConfig
 from substrate.net.routing import (
     DEFAULT_CACHE_TTL,
     AssignmentCache,
@@ -203,12 +204,6 @@ class _Call:
         self.error: Exception | None = None
 
 
-class _Resumer(ParkingResumer[Resolution]):
-    def flight(self, actor: ActorRef) -> FlightView | None:
-        """The actor's current flight (for deadline admission)."""
-        return self._lot.flight(actor)
-
-
 class Router:
     """The router service; an async context manager owning its tasks (see the module doc).
 
@@ -234,6 +229,9 @@ class Router:
         self.pool = pool
         self.metrics = metrics
         self.clock = clock
+        """The router's clock (anyio's by default; on asyncio, the loop's own ``time``, which
+        is what anyio's returns there, without looking up the backend on every call)."""
+        self._default_clock = clock is anyio.current_time
         self.info: Mapping[str, object] = dict(info or {})
         self.cache = AssignmentCache(self.config.cache_ttl)
         self.workers = WorkerDirectory()
@@ -242,7 +240,7 @@ class Router:
         self.health = AteapiHealth(address=ateapi_address)
         self.started_at = time.time()
         self.draining = False
-        self._resumer = _Resumer(
+        self._resumer = ParkingResumer[Resolution](
             self._attempt,
             self.config.parking,
             clock=clock,
@@ -269,6 +267,9 @@ class Router:
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise RuntimeError("a Router can be entered only once")
+        if self._default_clock:
+            with contextlib.suppress(RuntimeError):  # RuntimeError: not on asyncio
+                self.clock = asyncio.get_running_loop().time  # the same clock, read directly
         await self._resumer.__aenter__()
         tg = anyio.create_task_group()
         await tg.__aenter__()

@@ -72,7 +72,7 @@ class UpstreamGone(Exception):
 class Upstream:
     """One HTTP/1.1 client connection to a worker's atunnel."""
 
-    __slots__ = ("address", "conn", "idle_since", "reused", "stream", "worker")
+    __slots__ = ("_bio", "_sock", "address", "conn", "idle_since", "reused", "stream", "worker")
 
     def __init__(self, stream: TLSStream, worker: WorkerRef, address: str) -> None:
         self.stream = stream
@@ -81,6 +81,9 @@ class Upstream:
         self.conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.reused = False
         self.idle_since = 0.0
+        # Looked up once: ``stream.extra()`` asks the kernel for both addresses every time.
+        self._sock = stream.extra(SocketAttribute.raw_socket, None)
+        self._bio = getattr(stream, "_read_bio", None)  # anyio's TLS input buffer
 
     async def send(self, data: bytes) -> None:
         try:
@@ -117,14 +120,14 @@ class Upstream:
     def readable(self) -> bool:
         """Whether more of the answer is already here (decrypted or in the socket), so a
         flush to the client can wait for it: one write instead of two for a small answer."""
-        bio = getattr(self.stream, "_read_bio", None)  # anyio's TLS input buffer
+        bio = self._bio
         if bio is not None and bio.pending:
             return True
-        raw = self.stream.extra(SocketAttribute.raw_socket, None)
-        if raw is None or raw.fileno() == -1:
+        fd = -1 if self._sock is None else self._sock.fileno()
+        if fd == -1:
             return False
         poller = select.poll()
-        poller.register(raw.fileno(), select.POLLIN)
+        poller.register(fd, select.POLLIN)
         try:
             return bool(poller.poll(0))
         except OSError:
@@ -136,11 +139,11 @@ class Upstream:
         An idle HTTP/1.1 connection has nothing to say; if its socket is readable, the
         peer closed it (or sent bytes nobody asked for), and it must not carry a request.
         """
-        raw = self.stream.extra(SocketAttribute.raw_socket, None)
-        if raw is None or raw.fileno() == -1:
+        fd = -1 if self._sock is None else self._sock.fileno()
+        if fd == -1:
             return False
         poller = select.poll()
-        poller.register(raw.fileno(), select.POLLIN | select.POLLPRI)
+        poller.register(fd, select.POLLIN | select.POLLPRI)
         try:
             return not poller.poll(0)
         except OSError:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
 import ssl
+import struct
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -880,3 +883,150 @@ async def test_abort_under_load_leaves_nothing_open(pki: Pki, tmp_path: Path) ->
         assert outcomes["refused"] >= 8
         await wait_for(lambda: rt.open_connections(spec.sandbox_id) == 0, "all reset")
         await rt.checkpoint(spec.sandbox_id, str(tmp_path / "img"))
+
+
+# --- kept-alive connections to actors ---------------------------------------------------
+
+
+async def test_kept_alive_connection_is_reused_and_abort_resets_it(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """A clean exchange leaves its connection idle for the next request; abort() resets the
+    idle one too, so the checkpoint finds nothing open."""
+    async with tunnel_for(pki) as tunnel, FakeSandboxRuntime() as rt, client(tunnel, pki) as c:
+        spec = await run_actor(rt, tunnel, tmp_path, A, "uid-a")
+        for n in (1, 2, 3):
+            answer = await c.get("as1/alpha")
+            assert answer.status == 200
+            assert answer.body.startswith(f"count={n} ".encode())
+        # (the exchange ends, and its connection goes idle, right after the answer)
+        await wait_for(lambda: tunnel.stats().idle_links == 1, "the connection idle")
+        stats = tunnel.stats()
+        assert (stats.requests, stats.reused) == (3, 2)
+        assert rt.open_connections(spec.sandbox_id) == 1, "one connection carried all three"
+        assert tunnel.open_connections("uid-a") == 1, "the idle one is tracked"
+
+        assert await tunnel.abort("uid-a") == 1
+        assert tunnel.open_connections("uid-a") == 0
+        assert tunnel.stats().idle_resets == 1
+        await wait_for(lambda: rt.open_connections(spec.sandbox_id) == 0, "idle one reset")
+        await rt.checkpoint(spec.sandbox_id, str(tmp_path / "img"))
+        # The client connection that carried the requests was not touched.
+        assert (await c.get("as1/alpha")).status == 421
+
+
+async def test_deactivate_resets_idle_connections(pki: Pki, tmp_path: Path) -> None:
+    async with tunnel_for(pki) as tunnel, FakeSandboxRuntime() as rt, client(tunnel, pki) as c:
+        spec = await run_actor(rt, tunnel, tmp_path, A, "uid-a")
+        assert (await c.get("as1/alpha")).status == 200
+        await wait_for(lambda: tunnel.stats().idle_links == 1, "the connection idle")
+        assert rt.open_connections(spec.sandbox_id) == 1
+        await tunnel.deactivate("uid-a")
+        assert tunnel.open_connections("uid-a") == 0
+        await wait_for(lambda: rt.open_connections(spec.sandbox_id) == 0, "idle one reset")
+        await rt.checkpoint(spec.sandbox_id, str(tmp_path / "img"))
+
+
+async def test_idle_connections_expire_with_rst(pki: Pki, tmp_path: Path) -> None:
+    async with (
+        tunnel_for(pki, backend_idle_timeout=0.2) as tunnel,
+        backend() as (address, seen),
+        client(tunnel, pki) as c,
+    ):
+        tunnel.activate(A, "uid-a", address)
+        assert (await c.get("as1/alpha", "/inspect")).status == 200
+        assert tunnel.open_connections("uid-a") == 1
+        await wait_for(lambda: seen.endings == ["rst"], "expired and reset")
+        assert tunnel.open_connections("uid-a") == 0
+        assert tunnel.stats().idle_expired == 1
+
+
+async def test_reuse_can_be_turned_off(pki: Pki, tmp_path: Path) -> None:
+    async with (
+        tunnel_for(pki, backend_idle_timeout=0) as tunnel,
+        FakeSandboxRuntime() as rt,
+        client(tunnel, pki) as c,
+    ):
+        spec = await run_actor(rt, tunnel, tmp_path, A, "uid-a")
+        assert (await c.get("as1/alpha")).status == 200
+        await wait_for(lambda: tunnel.open_connections("uid-a") == 0, "reset after the exchange")
+        await wait_for(lambda: rt.open_connections(spec.sandbox_id) == 0, "reset at once")
+        assert (await c.get("as1/alpha")).status == 200
+        assert tunnel.stats().reused == 0
+
+
+async def test_connections_that_did_not_end_cleanly_are_not_kept(pki: Pki) -> None:
+    """An upgrade, and an answer with Connection: close, never leave an idle connection."""
+
+    async def handle(stream: SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        async with stream:
+            while not isinstance(await _backend_events(conn, stream), h11.EndOfMessage):
+                pass
+            headers = [("content-length", "2"), ("connection", "close")]
+            await stream.send(
+                (conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+                + (conn.send(h11.Data(data=b"ok")) or b"")
+                + (conn.send(h11.EndOfMessage()) or b"")
+            )
+            with contextlib.suppress(*_GONE):
+                await stream.receive()
+
+    listener = await anyio.create_tcp_listener(local_host=HOST, local_port=0)
+    async with listener, anyio.create_task_group() as tg, tunnel_for(pki) as tunnel:
+        tg.start_soon(listener.serve, handle)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        tunnel.activate(A, "uid-a", SandboxAddress(host=HOST, ports=((80, port),)))
+        async with client(tunnel, pki) as c:
+            answer = await c.get("as1/alpha")
+            assert (answer.status, answer.body) == (200, b"ok")
+            assert "connection" not in answer.headers, "hop-by-hop: the router's stays alive"
+            await wait_for(lambda: tunnel.open_connections("uid-a") == 0, "reset, not kept")
+            assert (await c.get("as1/alpha")).status == 200
+        assert tunnel.stats().reused == 0
+        tg.cancel_scope.cancel()
+
+
+async def test_a_kept_alive_connection_broken_under_a_request(pki: Pki) -> None:
+    """The actor drops a kept-alive connection when the next request arrives: a request
+    without a body is sent again on a new connection; one with a body is not (502)."""
+    served: list[str] = []
+
+    async def handle(stream: SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        async with stream:
+            for n in (1, 2):
+                request = await _backend_events(conn, stream)
+                if not isinstance(request, h11.Request):
+                    return
+                while not isinstance(await _backend_events(conn, stream), h11.EndOfMessage):
+                    pass
+                if n == 2:  # the first request of a connection only: drop it with RST
+                    stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                    return
+                served.append(request.method.decode())
+                head = h11.Response(status_code=200, headers=[("content-length", "2")])
+                await stream.send(
+                    (conn.send(head) or b"")
+                    + (conn.send(h11.Data(data=b"ok")) or b"")
+                    + (conn.send(h11.EndOfMessage()) or b"")
+                )
+                conn.start_next_cycle()
+
+    listener = await anyio.create_tcp_listener(local_host=HOST, local_port=0)
+    async with listener, anyio.create_task_group() as tg, tunnel_for(pki) as tunnel:
+        tg.start_soon(listener.serve, handle)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        tunnel.activate(A, "uid-a", SandboxAddress(host=HOST, ports=((80, port),)))
+        async with client(tunnel, pki) as c:
+            assert (await c.get("as1/alpha")).status == 200
+            assert (await c.get("as1/alpha")).status == 200, "sent again on a new connection"
+            stats = tunnel.stats()
+            assert (stats.reused, stats.retries, stats.requests) == (1, 1, 2)
+            headers = [("host", "x"), ("ate-target-actor", "as1/alpha")]
+            answer = await c.request("POST", "/", headers, body=b"not replayed")
+            assert answer.status == 502
+        assert served == ["GET", "GET"]
+        tg.cancel_scope.cancel()

@@ -549,14 +549,16 @@ def test_constructor_checks_its_arguments() -> None:
         EgressProxy(net, table=TABLE, veth_prefix=PREFIX, gateway="x")
 
 
-def test_original_dst_of_a_direct_connection_is_none() -> None:
+def test_original_dst_of_a_direct_connection_is_none_or_itself() -> None:
+    # Without any NAT table on the host the kernel has no entry (None); while some NAT
+    # table is loaded (another worker's), conntrack records the unchanged destination.
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         with socket.create_connection(server.getsockname()):
             accepted, _ = server.accept()
             with accepted:
-                assert read_original_dst(accepted) is None
+                assert read_original_dst(accepted) in (None, server.getsockname())
 
 
 async def test_a_veth_that_does_not_exist_is_not_found() -> None:
