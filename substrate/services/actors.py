@@ -147,10 +147,15 @@ class ActorService:
         self._tg: TaskGroup | None = None
         self._upload_wakeup = anyio.Event()
         self._golden_locks: dict[TemplateRef, anyio.Lock] = {}
+        self._heard_since: float | None = None
+        """Since when heartbeats could be recorded without a break (service start, or the
+        store's return after an outage): silence before that is not the workers'."""
+        self._store_lost = False
 
     # --- lifetime ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        self._heard_since = self.clock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -169,7 +174,8 @@ class ActorService:
     @property
     def task_group(self) -> TaskGroup:
         if self._tg is None:
-            raise RuntimeError("ActorService is not running: use `async with`")
+            # Not started yet, or shutting down: retryable for the caller.
+            raise Unavailable("ateapi is not running (starting or shutting down)")
         return self._tg
 
     def _lease(self, ref: ActorRef) -> AbstractAsyncContextManager[Lease]:
@@ -1067,11 +1073,22 @@ class ActorService:
         later), RESUMING ones are rolled back, so a revert or the next request can proceed.
         """
         now = self.clock() if now is None else now
+        try:
+            workers = await self.store.list_workers()
+        except Unavailable:
+            self._store_lost = True
+            raise
+        if self._store_lost:
+            # The store is back. Heartbeats could not be recorded while it was away, so
+            # that silence is ours, not the workers': they get a full timeout from now.
+            self._store_lost = False
+            self._heard_since = now
+        heard_since = self._heard_since if self._heard_since is not None else float("-inf")
         out = []
-        for w in await self.store.list_workers():
+        for w in workers:
             if (
                 w.state is WorkerState.UNAVAILABLE
-                or now - w.last_heartbeat <= self.config.heartbeat_timeout
+                or now - max(w.last_heartbeat, heard_since) <= self.config.heartbeat_timeout
             ):
                 continue
             try:

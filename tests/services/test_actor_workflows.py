@@ -499,3 +499,31 @@ async def test_golden_snapshot_retries_after_the_template_is_updated(
         updated = await c.svc.update_template(await c.store.get_template(created.ref))
         assert updated.golden_error == ""
         assert (await c.svc.ensure_golden(created.ref)).golden_tag is not None
+
+
+async def test_silence_while_the_store_was_away_is_not_the_workers(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a store outage every worker gets a full heartbeat timeout to be heard again:
+    running actors are not crashed for heartbeats that could not be recorded."""
+    async with cluster(make_store, nodes=2, workers_per_node=1) as c:
+        a = (await c.svc.resume((await c.new_actor("a1")).ref)).actor
+        c.clock.advance(30)  # the store is away for 30 s: no heartbeat can be recorded
+
+        async def away() -> list[object]:
+            raise Unavailable("store unreachable")
+
+        real = c.svc.store.list_workers
+        monkeypatch.setattr(c.svc.store, "list_workers", away)
+        with pytest.raises(Unavailable):
+            await c.svc.mark_unavailable()
+        monkeypatch.setattr(c.svc.store, "list_workers", real)
+        assert await c.svc.mark_unavailable() == []
+        assert (await c.actor("a1")).state is ActorState.RUNNING
+        c.clock.advance(5)
+        assert await c.svc.mark_unavailable() == []
+        c.clock.advance(6)  # still nobody heard from: now they are silent
+        gone = await c.svc.mark_unavailable()
+        assert len(gone) == 2
+        assert (await c.actor("a1")).state is ActorState.CRASHED
+        assert a.status.assignment is not None
