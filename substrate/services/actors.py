@@ -8,6 +8,7 @@ sequences them with I/O: the store, the node agents and the object store.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import uuid
@@ -466,15 +467,24 @@ class ActorService:
                 f"worker {assignment.worker} restarted during the restore "
                 f"(epoch {assignment.worker_epoch} → {result.worker_epoch}); retry"
             )
-        with steps.step("finalize"):
-            actor = await self._update(
-                actor,
-                lambda a: lc.decide(
-                    a,
-                    lc.FinishResume(worker_epoch=result.worker_epoch, pod_ips=result.pod_ips),
-                    now=self.clock(),
-                ),
-            )
+        try:
+            with steps.step("finalize"):
+                actor = await self._update(
+                    actor,
+                    lambda a: lc.decide(
+                        a,
+                        lc.FinishResume(worker_epoch=result.worker_epoch, pod_ips=result.pod_ips),
+                        now=self.clock(),
+                    ),
+                )
+        except (FailedPrecondition, Aborted, NotFound) as exc:
+            # The record moved on while the sandbox started (e.g. the liveness monitor
+            # rolled the resume back): nothing may run that no record owns. Stop it.
+            with anyio.CancelScope(shield=True), contextlib.suppress(SubstrateError):
+                await agent.terminate(request.target)
+            raise Unavailable(
+                f"actor {ref} changed while it was being restored ({exc.description}); retry"
+            ) from exc
         if (
             isinstance(plan, Restore | ColdBoot)
             and plan.drop_node is not None

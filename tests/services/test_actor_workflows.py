@@ -5,6 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from substrate.core import lifecycle as lc
+from substrate.core.agent_ports import StartRequest, StartResult
 from substrate.core.ids import ActorRef, NodeRef, TagRef, WorkerRef
 from substrate.core.model import (
     ActorState,
@@ -384,7 +386,6 @@ async def test_reconciler_settles_every_transient_state_without_a_lease(
         # RESUMING left behind by a dead workflow
         a = await c.new_actor("a1")
         w = c.workers[0]
-        from substrate.core import lifecycle as lc
         from substrate.core.model import WorkerAssignment
 
         asg = WorkerAssignment(worker=w.ref, node=w.node, worker_epoch=w.epoch)
@@ -527,3 +528,30 @@ async def test_silence_while_the_store_was_away_is_not_the_workers(
         assert len(gone) == 2
         assert (await c.actor("a1")).state is ActorState.CRASHED
         assert a.status.assignment is not None
+
+
+async def test_a_sandbox_started_for_a_resume_that_was_rolled_back_is_stopped(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the record moves on while the node starts the sandbox (here the liveness monitor's
+    rollback), the resume fails retryably and the orphan sandbox is terminated."""
+    async with cluster(make_store, nodes=1, workers_per_node=1) as c:
+        a = await c.new_actor("a1")
+        node = c.agent(c.workers[0].node.name)
+        real_start = node.start
+
+        async def start_then_rolled_back(request: StartRequest) -> StartResult:
+            result = await real_start(request)
+            current = await c.actor("a1")
+            await c.svc._apply(current, lc.AbandonResume(reason="worker stopped answering"))
+            return result
+
+        monkeypatch.setattr(node, "start", start_then_rolled_back)
+        with pytest.raises(Unavailable, match="changed while it was being restored"):
+            await c.svc.resume(a.ref)
+        assert node.sandbox(a.metadata.uid) is None, "the orphan sandbox was stopped"
+        assert (await c.actor("a1")).state is ActorState.SUSPENDED
+        monkeypatch.setattr(node, "start", real_start)
+        r = await c.svc.resume(a.ref)
+        assert r.actor.state is ActorState.RUNNING
+        await c.allocated_matches_bindings()
