@@ -58,6 +58,7 @@ from substrate.services.router_upstream import (
     MAX_HEAD_BYTES,
     RECEIVE_SIZE,
     STREAM_GONE,
+    TunnelUnreachable,
     Upstream,
     UpstreamGone,
 )
@@ -514,12 +515,24 @@ async def _forward(
     connection once) and its answer back; whether the client connection may continue."""
     up_headers = upstream_headers(headers, actor, port)
     stale_retry = True
+    unreachable_retry = True
     fresh = False
     while True:
         ctx.resolved(resolution)
         extra = () if resolution.result is None else provenance_headers(resolution.result)
         try:
             upstream, route = await router.connect(resolution.route, fresh=fresh)
+        except TunnelUnreachable as exc:
+            # The worker is gone (connect() forgot the route). A cached or last-known route
+            # is not the last word: resolve once more, which parks until ateapi answers.
+            if resolution.via == "resume" or not unreachable_retry or not body.replayable:
+                return await _refuse_error(router, client, ctx, exc, ctx.actor)
+            unreachable_retry = False
+            try:
+                resolution = await _resolve_watching(router, client, actor, None)
+            except SubstrateError as again:
+                return await _refuse_error(router, client, ctx, again, ctx.actor)
+            continue
         except SubstrateError as exc:
             return await _refuse_error(router, client, ctx, exc, ctx.actor)
         outcome = await _exchange(router, client, upstream, request, up_headers, body, extra, ctx)

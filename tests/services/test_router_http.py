@@ -363,3 +363,22 @@ async def test_a_body_beyond_the_replay_limit_is_not_retried(tmp_path: Path) -> 
         assert "changed; retry" in large.text
         assert metric(s, "atenet_router_stale_assignments_total") == 3
         assert s.ateapi.calls_for(A) == 3  # small: 2 resolutions; large: 1
+
+
+async def test_a_cached_route_to_a_dead_worker_is_resolved_again(tmp_path: Path) -> None:
+    """The worker of a cached route is gone: the request resolves again (parking, if ateapi
+    needs time) instead of failing at once, and lands where the actor runs now."""
+    async with stack(tmp_path) as s:
+        s.ateapi.on_resume = s.resume_onto("w-0")
+        assert (await get(s.port, A)).status == 200
+        dead = f"{HOST}:{await closed_port()}"
+        s.register("w-0", dead)  # w-0 is gone: nothing answers where it was
+        cached = s.r.cache.last_known(A)
+        assert cached is not None
+        s.r.cache.replace(cached, attrs.evolve(cached, address=dead))
+        s.r.workers.put(WorkerRef("w-0"), dead)
+        s.ateapi.on_resume = s.resume_onto("w-1")
+        answer = await get(s.port, A)
+        assert answer.status == 200, answer.text
+        route = s.r.cache.last_known(A)
+        assert route is not None and route.worker == WorkerRef("w-1")
