@@ -88,7 +88,6 @@ def test_gateway_is_normalised_and_used_in_the_accept_rule() -> None:
         ({"av1": 65536}, "1..65535"),
         ({"av1": True}, "1..65535"),
         ({"av1": "80"}, "1..65535"),
-        ({"av1": 1, "av2": 1}, "share an egress port"),
         ({'av"; drop': 1}, "may only contain"),
         ({"av" + "x" * 14: 1}, "1 to 15"),
     ],
@@ -123,3 +122,9 @@ def test_name_checks_return_their_input() -> None:
     assert check_ifname("av1.2-3_4") == "av1.2-3_4"
     with pytest.raises(InvalidArgument, match="host veth"):
         check_ifname("-x", what="host veth")
+
+
+def test_two_veths_may_share_a_port() -> None:
+    # Listeners are bound to their own veth, so the kernel may give two the same port.
+    text = render_egress_table("t1", "av", "169.254.17.1", {"av1": 40001, "av2": 40001})
+    assert '"av1" : 40001, "av2" : 40001' in text
