@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit venv system-deps demo sim bench docs gen-proto clean
+.PHONY: test lint typecheck unit venv system-deps demo sim bench drills docs gen-proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ sim: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scheduler.py
 	$(PY) benchmarks/bench_parking.py
+
+# The six failure drills of issue 7 (each starts its own stack with PostgreSQL and S3),
+# then the end-to-end benchmarks; DRILL_ARGS e.g. "--only 1,3 --short". Results: /tmp/substrate-drills.
+drills: $(STAMP) system-deps
+	$(PY) -m benchmarks.drills --bench $(DRILL_ARGS)
 
 docs: $(STAMP)
 	$(PY) scripts/render_lifecycle.py > docs/lifecycle.md
