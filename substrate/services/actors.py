@@ -79,7 +79,7 @@ from substrate.errors import (
     SubstrateError,
     Unavailable,
 )
-from substrate.sched import constraints_for
+from substrate.sched import Constraints, FleetIndex, constraints_for
 from substrate.services.leases import held_lease
 from substrate.services.observe import NullMetrics, Steps, WorkflowMetrics, workflow
 from substrate.services.worker_cache import WorkerCache
@@ -152,6 +152,9 @@ class ActorService:
         """Since when heartbeats could be recorded without a break (service start, or the
         store's return after an outage): silence before that is not the workers'."""
         self._store_lost = False
+        self._unreachable_nodes: dict[NodeRef, float] = {}
+        """Nodes whose atelet failed a start recently (when): placement avoids them while
+        nothing pins an actor there, until they have had a heartbeat timeout to recover."""
 
     # --- lifetime ---------------------------------------------------------------------
 
@@ -454,6 +457,8 @@ class ActorService:
         except TRANSIENT as exc:
             # Nothing was lost: the snapshot is intact. Release the worker so the actor is
             # never left RESUMING; the router parks and retries.
+            if isinstance(exc, Unavailable):
+                self._unreachable_nodes[assignment.node] = self.clock()
             await self._abandon_resume(
                 actor, exc.description, terminate=isinstance(exc, DeadlineExceeded)
             )
@@ -461,6 +466,7 @@ class ActorService:
         except SubstrateError as exc:
             await self._crash(actor, f"resume failed: {exc.description}")
             raise Internal(f"resume of {ref} failed: {exc.description}") from exc
+        self._unreachable_nodes.pop(assignment.node, None)
         if result.worker_epoch != assignment.worker_epoch:
             await self.workers.refresh(assignment.worker)
             raise Unavailable(
@@ -513,6 +519,25 @@ class ActorService:
         steps.note(abandoned_stale_assignment=True)
         return await self._abandon_resume(actor, "stale worker assignment", terminate=False)
 
+    def _unreachable_nodes_now(self) -> frozenset[NodeRef]:
+        horizon = self.clock() - self.config.heartbeat_timeout
+        for node in [n for n, at in self._unreachable_nodes.items() if at < horizon]:
+            del self._unreachable_nodes[node]
+        return frozenset(self._unreachable_nodes)
+
+    def _elsewhere(
+        self, index: FleetIndex, c: Constraints, nodes: frozenset[NodeRef]
+    ) -> Worker | None:
+        """A worker for ``c`` on one of ``nodes`` (tried in random order), or None."""
+        order = sorted(nodes, key=lambda n: n.name)
+        self.rng.shuffle(order)
+        for node in order:
+            try:
+                return index.schedule(attrs.evolve(c, required_node=node), rng=self.rng)
+            except ResourceExhausted:
+                continue
+        return None
+
     async def _assign(self, actor: Actor, template: ActorTemplate, steps: Steps) -> Actor:
         """Pick a worker and bind to it in one store transaction (RESUMING)."""
         cfg = self.config
@@ -535,8 +560,15 @@ class ActorService:
             if c.required_node is None:
                 c = attrs.evolve(c, required_node=pin_node(actor))
             t0 = time.perf_counter()
+            avoid = self._unreachable_nodes_now()
+            if c.required_node is None and c.preferred_node in avoid:
+                # Its atelet did not answer a moment ago: restore from the durable copy
+                # elsewhere rather than wait for the node to be declared UNAVAILABLE.
+                c = attrs.evolve(c, preferred_node=None)
             try:
                 worker = index.schedule(c, rng=self.rng)
+                if c.required_node is None and worker.node in avoid:
+                    worker = self._elsewhere(index, c, live - avoid) or worker
             except ResourceExhausted:
                 self.metrics.scheduler_decision("no_room", time.perf_counter() - t0)
                 if c.required_node is not None and not detached:

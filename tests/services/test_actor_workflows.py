@@ -555,3 +555,34 @@ async def test_a_sandbox_started_for_a_resume_that_was_rolled_back_is_stopped(
         r = await c.svc.resume(a.ref)
         assert r.actor.state is ActorState.RUNNING
         await c.allocated_matches_bindings()
+
+
+async def test_a_suspended_actor_leaves_a_node_whose_atelet_stopped_answering(
+    make_store: StoreFactory,
+) -> None:
+    """Its newest snapshot is local on node A and durable too. A's atelet stops answering
+    but its workers are not UNAVAILABLE yet: the first resume fails retryably, the next one
+    restores the durable copy on another node instead of waiting for the heartbeat timeout."""
+    async with cluster(make_store, nodes=2, workers_per_node=1) as c:
+        a = (await c.svc.resume((await c.new_actor("a1")).ref)).actor
+        c.call(a)
+        c.call(a)
+        await c.svc.suspend(a.ref, SuspendMode.SYNC)
+        node_a = a.status.assignment.node  # type: ignore[union-attr]
+        c.agent(node_a.name).down = True
+        first: Exception | None = None
+        r = None
+        for _ in range(6):  # the router's retries (p2c may pick A's worker again once)
+            try:
+                r = await c.svc.resume(a.ref)
+                break
+            except Unavailable as exc:
+                first = exc
+        assert first is not None, "the first attempt went to node A"
+        assert r is not None and r.actor.status.assignment is not None
+        assert r.actor.status.assignment.node != node_a
+        assert r.source is RestoreSource.DURABLE
+        assert c.call(r.actor) == 3, "nothing lost"
+        assert (await c.store.get_worker(a.status.assignment.worker)).state is (  # type: ignore[union-attr]
+            WorkerState.ACTIVE
+        ), "without waiting for A's workers to be declared UNAVAILABLE"
