@@ -43,20 +43,7 @@ class Shortfall:
         return any(text in detail for text in wanted)
 
 
-_LAST_KNOWN = Shortfall(
-    "a suspended or paused actor whose node just stopped: its local copy pins it there, and "
-    "ateapi moves it elsewhere (durable copy) only once the node's workers are UNAVAILABLE "
-    "(heartbeat timeout, 10 s), so a request in between parks and gets 503 at the 5 s budget "
-    "(the router no longer answers 503 at once for an unreachable last-known route)",
-    signature=("cannot reach", "unavailable"),
-    strict=False,
-)
-
 KNOWN_SHORTFALLS: Final[dict[int, dict[str, Shortfall]]] = {
-    4: {
-        "the very first request to sync-2 (0.5 s after the stop) is served": _LAST_KNOWN,
-        "the first request after the restart is parked until it can be served (200)": (_LAST_KNOWN),
-    },
     6: {
         "every answer reaches the client within the budget (5 s + 1.5 s)": Shortfall(
             "under 2,800 connections at once on 2 cores a request waits 1.5-3 s on average "
