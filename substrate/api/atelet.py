@@ -42,14 +42,14 @@ import structlog
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.events import RecvRequest, listen
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
 from substrate.api import convert, pb
 from substrate.api.authz import ALLOW, HEALTH_SERVICE, Decision, split_path
 from substrate.api.server import RequestCodec, Serving, _health_handlers, started
-from substrate.api.status import grpc_errors, substrate_errors
-from substrate.client._async import _close_channel, isolated
+from substrate.api.status import grpc_errors
+from substrate.client._async import _close_channel, isolated, transport_errors
 from substrate.core.agent_ports import (
     CheckpointRequest,
     CheckpointResult,
@@ -62,7 +62,6 @@ from substrate.core.agent_ports import (
 from substrate.core.ids import NodeRef
 from substrate.core.model import Snapshot, Worker, WorkerState
 from substrate.errors import (
-    DeadlineExceeded,
     GrpcCode,
     Internal,
     InvalidArgument,
@@ -365,29 +364,13 @@ class GrpcNodeAgent:
     @contextmanager
     def _errors(self, method: str) -> Iterator[None]:
         try:
-            with substrate_errors():
+            with transport_errors(self._where, method):
                 yield
         except (PermissionDenied, Unauthenticated) as exc:
             # Only the atelet's authorizer says this: nothing ran on the node.
             raise Unavailable(
                 f"{self._where} refused {method} from ateapi: {exc.description}"
             ) from exc
-        except UnicodeError as exc:
-            raise InvalidArgument(f"the {method} request cannot be encoded: {exc}") from exc
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"{method} on {self._where} timed out") from exc
-        except _ssl.SSLCertVerificationError as exc:
-            raise Unavailable(
-                f"the certificate of {self._where} was rejected: {exc.verify_message}"
-            ) from exc
-        except _ssl.SSLError as exc:
-            raise Unavailable(f"TLS with {self._where} failed: {exc.reason or exc}") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot reach {self._where}: {exc}") from exc
-        except StreamTerminatedError as exc:
-            raise Unavailable(f"connection to {self._where} lost: {exc}") from exc
-        except ProtocolError as exc:
-            raise Unavailable(f"protocol error talking to {self._where}: {exc}") from exc
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
         """One unary call, in a task of its own (see :func:`~substrate.client._async.isolated`)."""

@@ -15,27 +15,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import betterproto
 import structlog
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
 from substrate.api import convert, pb
 from substrate.api.server import RequestCodec
-from substrate.api.status import grpc_errors, substrate_errors
-from substrate.client._async import _close_channel, isolated
+from substrate.api.status import grpc_errors
+from substrate.client._async import _close_channel, isolated, transport_errors
 from substrate.core.ids import ActorRef, NodeRef, WorkerRef
 from substrate.errors import (
-    DeadlineExceeded,
     Internal,
     InvalidArgument,
     SubstrateError,
-    Unavailable,
 )
 from substrate.sandbox.node_layout import NodeLayout
 from substrate.sandbox.spec import SandboxStats
@@ -358,20 +356,8 @@ class GrpcWorker:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @contextmanager
-    def _errors(self, method: str) -> Iterator[None]:
-        where = f"the worker at {self.socket_path}"
-        try:
-            with substrate_errors():
-                yield
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"{method} on {where} timed out") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot reach {where}: {exc}") from exc
-        except StreamTerminatedError as exc:
-            raise Unavailable(f"connection to {where} lost: {exc}") from exc
-        except ProtocolError as exc:
-            raise Unavailable(f"protocol error talking to {where}: {exc}") from exc
+    def _errors(self, method: str) -> AbstractContextManager[None]:
+        return transport_errors(f"the worker at {self.socket_path}", method)
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
         with self._errors(method):

@@ -7,7 +7,7 @@ import os
 import ssl
 from asyncio.trsock import TransportSocket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Final, TypeVar, TypeVarTuple
 
@@ -34,6 +34,7 @@ from substrate.errors import (
     DeadlineExceeded,
     Internal,
     InvalidArgument,
+    SubstrateError,
     Unauthenticated,
     Unavailable,
 )
@@ -164,6 +165,45 @@ async def isolated(fn: Callable[[*_Args], Awaitable[_T]], *args: *_Args) -> _T:
     return result[0]
 
 
+@contextmanager
+def transport_errors(
+    where: str,
+    method: str = "",
+    *,
+    timeout: type[SubstrateError] = DeadlineExceeded,
+    rejected_certificate: type[SubstrateError] = Unavailable,
+    lost_hint: str = "",
+) -> Iterator[None]:
+    """Client side of one call: a status as its substrate error, transport failures typed.
+
+    Every gRPC client of the project (the SDK, ateapi's atelet client, atelet's registry
+    and worker clients) translates the same way; they differ only in ``where`` the server
+    is, the error a timeout or a rejected server certificate becomes (``timeout``,
+    ``rejected_certificate``) and a hint added to a lost connection.
+    """
+    call = f"{method} on {where}" if method else f"call to {where}"
+    try:
+        with substrate_errors():
+            yield
+    except UnicodeError as exc:
+        what = f"the {method} request" if method else "the request"
+        raise InvalidArgument(f"{what} cannot be encoded: {exc}") from exc
+    except TimeoutError as exc:
+        raise timeout(f"{call} timed out") from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise rejected_certificate(
+            f"the certificate of {where} was rejected: {exc.verify_message}"
+        ) from exc
+    except ssl.SSLError as exc:
+        raise Unavailable(f"TLS with {where} failed: {exc.reason or exc}") from exc
+    except OSError as exc:
+        raise Unavailable(f"cannot reach {where}: {exc}") from exc
+    except StreamTerminatedError as exc:
+        raise Unavailable(f"connection to {where} lost: {exc}{lost_hint}") from exc
+    except ProtocolError as exc:
+        raise Unavailable(f"protocol error talking to {where}: {exc}") from exc
+
+
 def _socket_of(channel: Channel) -> TransportSocket | None:
     """The socket of ``channel``'s live connection, if any.
 
@@ -287,32 +327,11 @@ class AteClient:
 
     # --- transport --------------------------------------------------------------------
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            with substrate_errors():
-                yield
-        except UnicodeError as exc:
-            raise InvalidArgument(f"the request cannot be encoded: {exc}") from exc
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"call to {self.address} timed out") from exc
-        except ssl.SSLCertVerificationError as exc:
-            raise Unauthenticated(
-                f"the certificate of {self.address} was rejected: {exc.verify_message}"
-            ) from exc
-        except ssl.SSLError as exc:
-            raise Unavailable(f"TLS with {self.address} failed: {exc.reason or exc}") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot reach {self.address}: {exc}") from exc
-        except StreamTerminatedError as exc:
-            hint = (
-                " (the server may have refused our certificate during the TLS handshake)"
-                if self.tls
-                else ""
-            )
-            raise Unavailable(f"connection to {self.address} lost: {exc}{hint}") from exc
-        except ProtocolError as exc:
-            raise Unavailable(f"protocol error talking to {self.address}: {exc}") from exc
+    def _errors(self) -> AbstractContextManager[None]:
+        hint = " (the server may have refused our certificate during the TLS handshake)"
+        return transport_errors(
+            self.address, rejected_certificate=Unauthenticated, lost_hint=hint if self.tls else ""
+        )
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
         """One unary call, in a task of its own (see :func:`isolated`)."""

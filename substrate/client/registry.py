@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import os
 import ssl as _ssl
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Final, Self, TypeVar
 
 import betterproto
 from grpclib.client import Channel
 from grpclib.const import Cardinality
-from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
 from substrate.api import convert, pb
-from substrate.api.status import substrate_errors
-from substrate.client._async import _close_channel, isolated, parse_address
+from substrate.client._async import _close_channel, isolated, parse_address, transport_errors
 from substrate.core.ids import WorkerRef
 from substrate.core.model import Capacity, Worker
 from substrate.errors import (
@@ -151,28 +148,15 @@ class GrpcRegistry:
 
     # --- transport --------------------------------------------------------------------
 
-    @contextmanager
-    def _errors(self, method: str) -> Iterator[None]:
-        where = f"ateapi at {self.address}"
-        try:
-            with substrate_errors():
-                yield
-        except UnicodeError as exc:
-            raise InvalidArgument(f"the {method} request cannot be encoded: {exc}") from exc
-        except TimeoutError as exc:
-            raise Unavailable(f"{method} on {where} timed out") from exc
-        except _ssl.SSLCertVerificationError as exc:
-            raise Unavailable(
-                f"the certificate of {where} was rejected: {exc.verify_message}"
-            ) from exc
-        except _ssl.SSLError as exc:
-            raise Unavailable(f"TLS with {where} failed: {exc.reason or exc}") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot reach {where}: {exc}") from exc
-        except StreamTerminatedError as exc:
-            raise Unavailable(f"connection to {where} lost: {exc}") from exc
-        except ProtocolError as exc:
-            raise Unavailable(f"protocol error talking to {where}: {exc}") from exc
+    def _errors(self, method: str) -> AbstractContextManager[None]:
+        # The registrar retries on Unavailable: a timeout or a rejected ateapi certificate
+        # is one more reason to try again later, not a different kind of failure.
+        return transport_errors(
+            f"ateapi at {self.address}",
+            method,
+            timeout=Unavailable,
+            rejected_certificate=Unavailable,
+        )
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
         with self._errors(method):
