@@ -35,6 +35,7 @@ from benchmarks.drills.common import (
     count_of,
     crashed,
     create_actors,
+    drill_stack,
     durable_state,
     list_actors,
     ref,
@@ -251,7 +252,6 @@ async def drill_bucket(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(
         3, "bucket", f"object store away (refused, dropped; {cfg.bucket_away:g} s)"
     )
-    started = time.monotonic()
     options = ClusterOptions(
         nodes=2,
         workers_per_node=1,
@@ -260,22 +260,15 @@ async def drill_bucket(cfg: DrillConfig, progress: Progress) -> DrillResult:
         heartbeat_timeout=cfg.heartbeat_timeout,
         parked_budget=cfg.budget,
     )
-    async with Cluster(cfg.out / "stacks" / "3-bucket", options, progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
-            c = await cluster.client()
-            await setup_template(c, cluster)
-            for mode in ("refuse", "blackhole"):
-                await _pass(cfg, result, cluster, mode, progress)
-            left, _ = await wait_settled(c, timeout=20)
-            result.expect("no actor is left in a transient state", not left, ", ".join(left))
-            broken = crashed(await list_actors(c))
-            result.expect("no actor CRASHED", not broken, "; ".join(broken)[:400])
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+    async with drill_stack(cfg, result, "3-bucket", options, progress) as cluster:
+        c = await cluster.client()
+        await setup_template(c, cluster)
+        for mode in ("refuse", "blackhole"):
+            await _pass(cfg, result, cluster, mode, progress)
+        left, _ = await wait_settled(c, timeout=20)
+        result.expect("no actor is left in a transient state", not left, ", ".join(left))
+        broken = crashed(await list_actors(c))
+        result.expect("no actor CRASHED", not broken, "; ".join(broken)[:400])
     return result
 
 

@@ -30,6 +30,7 @@ from benchmarks.drills.common import (
     DrillResult,
     crashed,
     create_actors,
+    drill_stack,
     list_actors,
     ref,
     setup_template,
@@ -125,7 +126,6 @@ async def drill_burst(cfg: DrillConfig, progress: Progress) -> DrillResult:
         "burst",
         f"a burst: {cfg.burst_requests:,} requests, {cfg.burst_actors} actors, {slots} slots",
     )
-    started = time.monotonic()
     options = ClusterOptions(
         nodes=cfg.burst_workers,
         workers_per_node=1,
@@ -135,15 +135,8 @@ async def drill_burst(cfg: DrillConfig, progress: Progress) -> DrillResult:
         parked_budget=cfg.budget,
         parked_max=cfg.burst_lot,
     )
-    async with Cluster(cfg.out / "stacks" / "6-burst", options, progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
-            await _run(cfg, result, cluster, progress)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+    async with drill_stack(cfg, result, "6-burst", options, progress) as cluster:
+        await _run(cfg, result, cluster, progress)
     return result
 
 

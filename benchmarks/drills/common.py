@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
@@ -14,7 +15,7 @@ from typing import Final, TypeVar
 import anyio
 import attrs
 
-from benchmarks.drills.cluster import Cluster
+from benchmarks.drills.cluster import Cluster, ClusterOptions
 from benchmarks.drills.timeline import Timeline
 from substrate.client import AteClient
 from substrate.client.http import call_actor
@@ -327,6 +328,28 @@ def crashed(actors: list[Actor]) -> list[str]:
             if a.state is ActorState.CRASHED]  # fmt: skip
 
 
+@asynccontextmanager
+async def drill_stack(
+    cfg: DrillConfig,
+    result: DrillResult,
+    stack_name: str,
+    options: ClusterOptions,
+    progress: Callable[[str], None],
+) -> AsyncIterator[Cluster]:
+    """A drill's own stack for the block: the runtime, any error, the logs of a failed
+    drill and the time it took all go into ``result``."""
+    started = time.monotonic()
+    async with Cluster(cfg.out / "stacks" / stack_name, options, progress) as cluster:
+        result.runtime = cluster.runtime
+        try:
+            yield cluster
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        if not result.passed:
+            result.logs = cluster.tails()
+    result.seconds = time.monotonic() - started
+
+
 def write_timeline(cfg: DrillConfig, tl: Timeline) -> list[Path]:
     return tl.write(cfg.out / "timelines")
 
@@ -337,4 +360,5 @@ __all__ = [
     "DrillConfig",
     "DrillResult",
     "Figure",
+    "drill_stack",
 ]

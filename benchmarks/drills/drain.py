@@ -28,6 +28,7 @@ from benchmarks.drills.common import (
     count_of,
     crashed,
     create_actors,
+    drill_stack,
     durable_state,
     list_actors,
     place_running,
@@ -56,7 +57,6 @@ ORIGINAL: Final = {
 
 async def drill_drain(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(5, "drain", "a drained worker")
-    started = time.monotonic()
     options = ClusterOptions(
         nodes=2,
         workers_per_node=1,
@@ -65,15 +65,8 @@ async def drill_drain(cfg: DrillConfig, progress: Progress) -> DrillResult:
         heartbeat_timeout=cfg.heartbeat_timeout,
         parked_budget=cfg.budget,
     )
-    async with Cluster(cfg.out / "stacks" / "5-drain", options, progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
-            await _run(cfg, result, cluster, progress)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+    async with drill_stack(cfg, result, "5-drain", options, progress) as cluster:
+        await _run(cfg, result, cluster, progress)
     return result
 
 

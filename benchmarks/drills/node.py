@@ -40,6 +40,7 @@ from benchmarks.drills.common import (
     count_of,
     crashed,
     create_actors,
+    drill_stack,
     durable_state,
     list_actors,
     ref,
@@ -151,7 +152,6 @@ class Watch:
 
 async def drill_node(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(4, "node", f"nodes stopped: one back after {cfg.node_down:g} s, one not")
-    started = time.monotonic()
     options = ClusterOptions(
         nodes=3,
         workers_per_node=1,
@@ -160,15 +160,8 @@ async def drill_node(cfg: DrillConfig, progress: Progress) -> DrillResult:
         heartbeat_timeout=cfg.heartbeat_timeout,
         parked_budget=cfg.budget,
     )
-    async with Cluster(cfg.out / "stacks" / "4-node", options, progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
-            await _run(cfg, result, cluster, progress)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+    async with drill_stack(cfg, result, "4-node", options, progress) as cluster:
+        await _run(cfg, result, cluster, progress)
     return result
 
 

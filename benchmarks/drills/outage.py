@@ -21,7 +21,6 @@ within 2 s of the dependency being ready; no actor is left in RESUMING.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -34,6 +33,7 @@ from benchmarks.drills.common import (
     call_count,
     crashed,
     create_actors,
+    drill_stack,
     list_actors,
     ref,
     setup_template,
@@ -289,79 +289,63 @@ def _options(cfg: DrillConfig, **changes: object) -> ClusterOptions:
 async def drill_postgres(cfg: DrillConfig, progress: Progress) -> DrillResult:
     """Drill 1: the private PostgreSQL stopped (or cut by a proxy), then back."""
     result = DrillResult(1, "postgres", f"PostgreSQL away ({cfg.pg_fault}, {cfg.pg_away:g} s)")
-    started = time.monotonic()
     options = _options(cfg, pg_proxy=cfg.pg_fault != "stop")
-    async with Cluster(cfg.out / "stacks" / "1-postgres", options, progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
-            pg = cluster.pg
-            assert pg is not None
+    async with drill_stack(cfg, result, "1-postgres", options, progress) as cluster:
+        pg = cluster.pg
+        assert pg is not None
 
-            async def inject() -> None:
-                if cluster.pg_proxy is not None:
-                    await anyio.to_thread.run_sync(cluster.pg_proxy.set_mode, cfg.pg_fault)
-                else:
-                    await anyio.to_thread.run_sync(pg.stop)
+        async def inject() -> None:
+            if cluster.pg_proxy is not None:
+                await anyio.to_thread.run_sync(cluster.pg_proxy.set_mode, cfg.pg_fault)
+            else:
+                await anyio.to_thread.run_sync(pg.stop)
 
-            async def heal() -> None:
-                if cluster.pg_proxy is not None:
-                    await anyio.to_thread.run_sync(cluster.pg_proxy.set_mode, "pass")
-                else:
-                    took = await anyio.to_thread.run_sync(pg.start)
-                    result.notes.append(f"pg_ctl start took {took:.2f} s")
+        async def heal() -> None:
+            if cluster.pg_proxy is not None:
+                await anyio.to_thread.run_sync(cluster.pg_proxy.set_mode, "pass")
+            else:
+                took = await anyio.to_thread.run_sync(pg.start)
+                result.notes.append(f"pg_ctl start took {took:.2f} s")
 
-            tl = await _outage(
-                cfg,
-                result,
-                cluster,
-                what="PostgreSQL",
-                away=cfg.pg_away,
-                inject=inject,
-                heal=heal,
-                progress=progress,
-            )
-            await _after(cfg, result, cluster, tl, what="PostgreSQL")
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+        tl = await _outage(
+            cfg,
+            result,
+            cluster,
+            what="PostgreSQL",
+            away=cfg.pg_away,
+            inject=inject,
+            heal=heal,
+            progress=progress,
+        )
+        await _after(cfg, result, cluster, tl, what="PostgreSQL")
     return result
 
 
 async def drill_ateapi(cfg: DrillConfig, progress: Progress) -> DrillResult:
     """Drill 2: ateapi stopped (SIGTERM, like a scale-down), then started again."""
     result = DrillResult(2, "ateapi", f"ateapi away ({cfg.api_away:g} s)")
-    started = time.monotonic()
-    async with Cluster(cfg.out / "stacks" / "2-ateapi", _options(cfg), progress) as cluster:
-        result.runtime = cluster.runtime
-        try:
+    async with drill_stack(cfg, result, "2-ateapi", _options(cfg), progress) as cluster:
 
-            async def inject() -> None:
-                forced = await cluster.stop_ateapi()
-                if forced:
-                    result.notes.append("ateapi needed SIGKILL to stop")
+        async def inject() -> None:
+            forced = await cluster.stop_ateapi()
+            if forced:
+                result.notes.append("ateapi needed SIGKILL to stop")
 
-            async def heal() -> None:
-                took = await cluster.start_ateapi()
-                result.notes.append(f"ateapi answered /readyz {took:.2f} s after its start")
+        async def heal() -> None:
+            took = await cluster.start_ateapi()
+            result.notes.append(f"ateapi answered /readyz {took:.2f} s after its start")
 
-            tl = await _outage(
-                cfg,
-                result,
-                cluster,
-                what="ateapi",
-                away=cfg.api_away,
-                inject=inject,
-                heal=heal,
-                progress=progress,
-            )
-            await _after(cfg, result, cluster, tl, what="ateapi")
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        if not result.passed:
-            result.logs = cluster.tails()
-    result.seconds = time.monotonic() - started
+        tl = await _outage(
+            cfg,
+            result,
+            cluster,
+            what="ateapi",
+            away=cfg.api_away,
+            inject=inject,
+            heal=heal,
+            progress=progress,
+        )
+        await _after(cfg, result, cluster, tl, what="ateapi")
     return result
 
 
