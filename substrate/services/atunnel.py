@@ -71,9 +71,7 @@ comes (nothing reads the router's connection between a request's end and its res
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import os
 import select
 import socket
 import ssl
@@ -114,6 +112,7 @@ from substrate.net.tunnel import (
     refusal_for,
 )
 from substrate.sandbox.spec import SandboxAddress
+from substrate.services.sandbox_sockets import connect_rst, set_rst_on_close
 
 log = structlog.get_logger("substrate.atunnel")
 
@@ -123,7 +122,6 @@ HTTP11_ALPN: Final = ("http/1.1",)
 RECEIVE_SIZE: Final = 65536
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Largest request or response head atunnel accepts."""
-_LINGER_RST: Final = struct.pack("ii", 1, 0)
 _STREAM_GONE: Final = (
     anyio.EndOfStream,
     anyio.BrokenResourceError,
@@ -225,7 +223,7 @@ def _set_rst_on_close(stream: anyio.abc.AnyByteStream) -> None:
     raw = stream.extra(SocketAttribute.raw_socket, None)
     if raw is not None:
         with contextlib.suppress(OSError):
-            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+            set_rst_on_close(raw)
 
 
 async def _reset(stream: anyio.abc.AnyByteStream) -> None:
@@ -366,23 +364,11 @@ async def _connect(forward: Forward) -> _Backend:
 
     The caller bounds the time it may take.
     """
-    family = socket.AF_INET6 if ":" in forward.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = await connect_rst(forward.host, forward.host_port, device=forward.device)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if forward.device:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, forward.device.encode())
-        sock.setblocking(False)
-        err = sock.connect_ex((forward.host, forward.host_port))
-        if err in (errno.EINPROGRESS, errno.EAGAIN):
-            await anyio.wait_writable(sock)
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if err:
-            raise OSError(err, os.strerror(err))
         return _Backend(await SocketStream.from_socket(sock), sock)
     except BaseException:
-        sock.close()  # linger {1, 0}: a half-made connection is reset too
+        sock.close()  # linger {1, 0}: reset
         raise
 
 

@@ -58,6 +58,7 @@ from substrate.net.egress_policy import EgressPolicy, EgressUpstream
 from substrate.net.nft_ruleset import check_ifname, check_table_name
 from substrate.net.plan import GATEWAY_ADDRESS, PREFIX_LEN
 from substrate.net.ports import HostNetwork
+from substrate.services.sandbox_sockets import set_rst_on_close
 
 SO_ORIGINAL_DST: Final = 80
 """``getsockopt(SOL_IP, SO_ORIGINAL_DST)``: the destination before the NAT redirect."""
@@ -68,7 +69,6 @@ BACKLOG: Final = 128
 MAX_CONNECT_ANSWER: Final = 16384
 """The longest answer header the upstream proxy may send to a CONNECT."""
 _CHUNK: Final = 65536
-_RST_LINGER: Final = struct.pack("ii", 1, 0)
 NOT_RUNNING: Final = "the egress proxy is not running"
 
 OriginalDstLookup = Callable[[socket.socket], tuple[str, int] | None]
@@ -92,17 +92,13 @@ def read_original_dst(sock: socket.socket) -> tuple[str, int] | None:
     return socket.inet_ntoa(packed), int(port)
 
 
-def _set_rst_on_close(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST_LINGER)
-
-
 def _reset(sock: socket.socket | None) -> None:
     """Close ``sock`` with RST; nothing if it is already closed."""
     if sock is None or sock.fileno() == -1:
         return
     anyio.notify_closing(sock)
     with contextlib.suppress(OSError):
-        _set_rst_on_close(sock)
+        set_rst_on_close(sock)
     sock.close()
 
 
@@ -478,7 +474,7 @@ class EgressProxy:
                             break
                         sock.setblocking(False)
                         try:
-                            _set_rst_on_close(sock)
+                            set_rst_on_close(sock)
                         except OSError:
                             _reset(sock)
                             continue
@@ -547,7 +543,7 @@ class EgressProxy:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         conn.upstream = sock
         sock.setblocking(False)
-        _set_rst_on_close(sock)
+        set_rst_on_close(sock)
         code = sock.connect_ex(address)
         if code == errno.EINPROGRESS:
             await anyio.wait_writable(sock)

@@ -8,8 +8,6 @@ is HTTP/1.1 without ``Connection: close``, so the workload has no reason to clos
 
 from __future__ import annotations
 
-import socket
-import struct
 from typing import Final
 
 import anyio
@@ -17,38 +15,18 @@ import anyio.abc
 
 from substrate.errors import DeadlineExceeded
 from substrate.sandbox.spec import SandboxAddress
+from substrate.services.sandbox_sockets import connect_rst
 
 PROBE_INTERVAL: Final = 0.05
 """Seconds between two attempts (the first attempt is immediate)."""
 ATTEMPT_TIMEOUT: Final = 2.0
 """Seconds one attempt may take."""
-_LINGER_RST: Final = struct.pack("ii", 1, 0)
-
-
-async def _connect(host: str, port: int, device: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setblocking(False)
-        if device:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
-        try:
-            sock.connect((host, port))
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err:
-                raise OSError(err, f"connect to {host}:{port} failed") from None
-        return sock
-    except BaseException:
-        sock.close()
-        raise
 
 
 async def http_status(address: SandboxAddress, port: int, path: str) -> int:
     """One GET of ``path`` on the sandbox's ``port``; the status code (OSError if none)."""
     host_port = address.host_port(port)
-    sock = await _connect(address.host, host_port, address.device)
+    sock = await connect_rst(address.host, host_port, device=address.device)
     try:
         request = (
             f"GET {path} HTTP/1.1\r\nHost: {address.host}:{port}\r\nUser-Agent: ate-probe\r\n\r\n"
