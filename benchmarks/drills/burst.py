@@ -24,6 +24,7 @@ from typing import Final
 
 import anyio
 
+from benchmarks.drills import burstload
 from benchmarks.drills.cluster import Cluster, ClusterOptions
 from benchmarks.drills.common import (
     DrillConfig,
@@ -38,7 +39,7 @@ from benchmarks.drills.common import (
     write_timeline,
 )
 from benchmarks.drills.streams import request
-from benchmarks.drills.timeline import Timeline, failed, pct, status_counts
+from benchmarks.drills.timeline import Sample, Timeline, failed, pct, status_counts
 from substrate.cli.stack import admin_get
 from substrate.client import AteClient
 from substrate.core.model import ActorState, SuspendMode
@@ -171,21 +172,32 @@ async def _run(cfg: DrillConfig, result: DrillResult, cluster: Cluster, progress
             with anyio.move_on_after(0.2):
                 await sampling.wait()
 
-    async def one(actor: str) -> None:
-        suspender.begin(actor)
-        try:
-            await request(tl, "burst", cluster.router_url, actor, timeout=BURST_CLIENT_TIMEOUT)
-        finally:
-            suspender.end(actor)
+    client = burstload.build(cfg.out)
+    targets = [actors[i % len(actors)] for i in range(cfg.burst_requests)]
+
+    def answered(answer: burstload.Answer) -> None:
+        suspender.end(answer.actor)
+        tl.add(
+            Sample(
+                stream="burst",
+                actor=answer.actor,
+                sent=t0 + answer.started,
+                status=answer.status,
+                latency=answer.seconds,
+                body=answer.body,
+            )
+        )
 
     async with anyio.create_task_group() as outer:
         outer.start_soon(sample)
         outer.start_soon(suspender.run)
         progress(f"sending {cfg.burst_requests:,} requests at once")
+        for actor in targets:
+            suspender.begin(actor)
         t0 = tl.mark("burst")
-        async with anyio.create_task_group() as tg:
-            for i in range(cfg.burst_requests):
-                tg.start_soon(one, actors[i % len(actors)])
+        await burstload.burst(
+            client, cluster.router_url, targets, limit=BURST_CLIENT_TIMEOUT, on_answer=answered
+        )
         burst_s = tl.now() - t0
         totals = await router_totals(cluster)
         tl.mark("burst answered")
