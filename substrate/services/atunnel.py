@@ -87,7 +87,7 @@ import anyio.abc
 import attrs
 import h11
 import structlog
-from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
+from anyio.abc import SocketAttribute, SocketStream, TaskGroup
 from anyio.streams.tls import TLSAttribute, TLSStream
 
 from substrate.core.ids import ActorRef
@@ -112,6 +112,7 @@ from substrate.net.tunnel import (
     refusal_for,
 )
 from substrate.sandbox.spec import SandboxAddress
+from substrate.services.listeners import Listeners
 from substrate.services.sandbox_sockets import connect_rst, set_rst_on_close
 
 log = structlog.get_logger("substrate.atunnel")
@@ -460,22 +461,20 @@ class Atunnel:
         """Kept-alive connections by actor uid and destination (the most recently used last)."""
         self._counters = _Counters()
         self._tg: TaskGroup | None = None
-        self._listeners: list[SocketListener] = []
+        self._listeners: Listeners | None = None
 
     # --- lifetime ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise RuntimeError("Atunnel is already running")
-        multi = await anyio.create_tcp_listener(local_host=self._host, local_port=self._port)
-        listeners = [lst for lst in multi.listeners if isinstance(lst, SocketListener)]
+        listeners = await Listeners.bind(self._host, self._port, name="atunnel")
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         self._listeners = listeners
-        self._port = listeners[0].extra(SocketAttribute.local_port)
-        for listener in listeners:
-            tg.start_soon(self._accept_loop, listener)
+        self._port = listeners.port
+        listeners.serve(tg, self._serve_connection)
         if self._idle_max:
             tg.start_soon(self._expire_idle_loop)
         log.info("atunnel.listening", host=self._host, port=self._port)
@@ -496,10 +495,9 @@ class Atunnel:
             with anyio.CancelScope(shield=True):
                 for uid in list(self._idle):
                     await self._reset_idle(uid)
-                for listener in self._listeners:
-                    with contextlib.suppress(Exception):
-                        await listener.aclose()
-            self._listeners = []
+                if self._listeners is not None:
+                    await self._listeners.aclose()
+            self._listeners = None
 
     @property
     def port(self) -> int:
@@ -732,25 +730,7 @@ class Atunnel:
 
     # --- serving ----------------------------------------------------------------------
 
-    async def _accept_loop(self, listener: SocketListener) -> None:
-        assert self._tg is not None
-        tg = self._tg
-        while True:
-            try:
-                stream = await listener.accept()
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            except OSError as exc:  # e.g. out of descriptors: keep serving
-                log.warning("atunnel.accept_failed", error=str(exc))
-                await anyio.sleep(0.05)
-                continue
-            tg.start_soon(self._serve_connection, stream)
-
     async def _serve_connection(self, stream: SocketStream) -> None:
-        with contextlib.suppress(OSError):
-            stream.extra(SocketAttribute.raw_socket).setsockopt(
-                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
-            )
         peer = _peer_name(stream)
         try:
             with anyio.fail_after(self._handshake_timeout):

@@ -54,7 +54,7 @@ import anyio
 import anyio.abc
 import attrs
 import structlog
-from anyio.abc import SocketAttribute, SocketListener
+from anyio.abc import SocketStream
 
 from substrate.core.ids import ActorRef, WorkerRef
 from substrate.core.model import ActorState, ResumeResult, Worker
@@ -81,7 +81,8 @@ from substrate.net.routing import (
     WorkerDirectory,
     admit_deadline,
 )
-from substrate.services.parking import ParkingMetrics, ParkingResumer, ParkingStatus
+from substrate.services.listeners import Listeners
+from substrate.services.parking import Parked, ParkingMetrics, ParkingResumer, ParkingStatus
 from substrate.services.router_http import serve_connection
 from substrate.services.router_upstream import TunnelPool, TunnelUnreachable, Upstream
 
@@ -250,7 +251,7 @@ class Router:
         )
         self._calls: dict[ActorRef, _Call] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self._listeners: list[SocketListener] = []
+        self._listeners: list[Listeners] = []
         self._clients: set[ClientConnection] = set()
         self._active = 0
         self._quiet: anyio.Event | None = None
@@ -308,28 +309,14 @@ class Router:
 
     async def listen(self, host: str = "127.0.0.1", port: int = DEFAULT_LISTEN_PORT) -> int:
         """Accept HTTP on ``host:port`` (0: any free port); returns the bound port."""
-        tg = self.task_group
-        multi = await anyio.create_tcp_listener(local_host=host, local_port=port)
-        listeners = [lst for lst in multi.listeners if isinstance(lst, SocketListener)]
-        bound = int(listeners[0].extra(SocketAttribute.local_port))
-        self._listeners += listeners
+        listeners = await Listeners.bind(host, port, name="router")
+        self._listeners.append(listeners)
+        listeners.serve(self.task_group, self._serve_client)
+        log.info("router.listening", host=host, port=listeners.port)
+        return listeners.port
 
-        async def accept(listener: SocketListener) -> None:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-                except OSError as exc:  # e.g. out of descriptors: keep serving
-                    log.warning("router.accept_failed", error=str(exc))
-                    await anyio.sleep(0.05)
-                    continue
-                tg.start_soon(serve_connection, self, stream)
-
-        for listener in listeners:
-            tg.start_soon(accept, listener)
-        log.info("router.listening", host=host, port=bound)
-        return bound
+    async def _serve_client(self, stream: SocketStream) -> None:
+        await serve_connection(self, stream)
 
     async def shutdown(self, within: float | None = None) -> bool:
         """Stop accepting and drain: wait (at most ``within`` seconds, default the drain
@@ -349,10 +336,8 @@ class Router:
 
     async def _close_listeners(self) -> None:
         listeners, self._listeners = self._listeners, []
-        with anyio.CancelScope(shield=True):
-            for listener in listeners:
-                with contextlib.suppress(Exception):
-                    await listener.aclose()
+        for each in listeners:
+            await each.aclose()
 
     # --- bookkeeping for the HTTP side ----------------------------------------------------
 
@@ -404,6 +389,14 @@ class Router:
         ``deadline`` is the request's own, on :attr:`clock`. Raises a substrate error for
         :func:`~substrate.errors.http_response` (e.g. :class:`DeadlineRejected`).
         """
+        begun = self.begin_resolve(actor, deadline=deadline)
+        return begun if isinstance(begun, Resolution) else await begun.wait()
+
+    def begin_resolve(
+        self, actor: ActorRef, *, deadline: float | None = None
+    ) -> Resolution | Parked[Resolution]:
+        """:meth:`resolve` up to the wait: the cached route, or the parked request to wait
+        for. Raises at once what needs no wait (shed, deadline rejected, shutting down)."""
         cached = self.cached(actor)
         if cached is not None:
             return cached
@@ -411,7 +404,7 @@ class Router:
             reject = self._admit(actor, deadline)
             if reject is not None:
                 raise DeadlineRejected(reject.reason, reject.retry_after)
-        return await self._resumer.resolve(actor, deadline=deadline)
+        return self._resumer.park(actor, deadline=deadline)
 
     def _admit(self, actor: ActorRef, deadline: float) -> Reject | None:
         last = self.cache.last_known(actor)

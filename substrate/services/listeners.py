@@ -1,0 +1,116 @@
+"""TCP listeners that accept every pending connection at each wakeup.
+
+anyio's ``SocketListener.accept()`` takes one connection per call and yields to the event
+loop at least twice per connection (a checkpoint, then the transport's setup). Under a
+burst, while the loop also runs hundreds of other ready tasks, that caps accepting at one
+connection per loop turn: a router with a thousand parked requests accepted ~150
+connections a second and clients waited seconds in the kernel's accept queue before the
+router read their requests (drill 6). Here each readiness wakeup drains the queue with
+non-blocking ``accept()`` calls, and every connection is wrapped into an anyio stream in
+its own task, concurrently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Final, Self
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.abc import SocketAttribute, SocketListener, SocketStream
+
+log = structlog.get_logger(__name__)
+
+MAX_BATCH: Final = 512
+"""Connections accepted per wakeup at most, so one burst cannot starve the loop."""
+RETRY_AFTER_ERROR: Final = 0.05
+"""Seconds to wait after an accept error such as "too many open files"."""
+_GONE: Final = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+Handler = Callable[[SocketStream], Awaitable[None]]
+
+
+class Listeners:
+    """The listening sockets of one ``host:port``, served in batches.
+
+    Build with :meth:`bind`, start with :meth:`serve`, stop with :meth:`aclose` (which
+    wakes and ends the accept loops; connections already handed over keep running).
+    """
+
+    def __init__(self, listeners: list[SocketListener], *, name: str) -> None:
+        if not listeners:
+            raise ValueError("Listeners needs at least one socket")
+        self._listeners = listeners
+        self._name = name
+        self._closed = False
+
+    @classmethod
+    async def bind(cls, host: str, port: int, *, name: str) -> Self:
+        """Listen on ``host:port`` (0: any free port); ``name`` labels log lines."""
+        multi = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        listeners = [lst for lst in multi.listeners if isinstance(lst, SocketListener)]
+        return cls(listeners, name=name)
+
+    @property
+    def port(self) -> int:
+        return int(self._listeners[0].extra(SocketAttribute.local_port))
+
+    def serve(self, tg: anyio.abc.TaskGroup, handle: Handler) -> None:
+        """Accept on every socket in ``tg``; each connection runs ``handle`` in ``tg``."""
+        for listener in self._listeners:
+            tg.start_soon(self._accept_loop, tg, listener.extra(SocketAttribute.raw_socket), handle)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for listener in self._listeners:
+            with contextlib.suppress(Exception):
+                anyio.notify_closing(listener.extra(SocketAttribute.raw_socket))
+        with anyio.CancelScope(shield=True):
+            for listener in self._listeners:
+                with contextlib.suppress(Exception):
+                    await listener.aclose()
+
+    async def _accept_loop(
+        self, tg: anyio.abc.TaskGroup, sock: socket.socket, handle: Handler
+    ) -> None:
+        while not self._closed:
+            try:
+                await anyio.wait_readable(sock)
+            except (anyio.ClosedResourceError, OSError):
+                return
+            for _ in range(MAX_BATCH):
+                if self._closed:
+                    return
+                try:
+                    conn, _ = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if exc.errno in (errno.EBADF, errno.EINVAL):  # closed under us
+                        return
+                    if exc.errno == errno.ECONNABORTED:
+                        continue
+                    log.warning("accept_failed", listener=self._name, error=str(exc))
+                    await anyio.sleep(RETRY_AFTER_ERROR)
+                    break
+                tg.start_soon(_wrap_and_handle, conn, handle)
+
+
+async def _wrap_and_handle(conn: socket.socket, handle: Handler) -> None:
+    try:
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = await SocketStream.from_socket(conn)
+    except _GONE:  # reset before we got to it
+        conn.close()
+        return
+    await handle(stream)
+
+
+__all__ = ["MAX_BATCH", "Listeners"]
