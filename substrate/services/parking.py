@@ -79,6 +79,36 @@ class _Waiter(Generic[T]):
         self.cause: BaseException | None = None
 
 
+class Parked(Generic[T]):
+    """One admitted request (:meth:`ParkingResumer.park`): wait for it, or give it up."""
+
+    __slots__ = ("_request", "_resumer", "_waiter")
+
+    def __init__(self, resumer: ParkingResumer[T], request: RequestId, waiter: _Waiter[T]) -> None:
+        self._resumer = resumer
+        self._request = request
+        self._waiter = waiter
+
+    async def wait(self) -> T:
+        """The resume's result, or its failure raised as :meth:`ParkingResumer.resolve`
+        raises it. Cancelling the wait gives the request up (outcome canceled)."""
+        waiter = self._waiter
+        try:
+            await waiter.event.wait()
+        finally:
+            self.cancel()
+        resolution = waiter.resolution
+        assert resolution is not None
+        if resolution.outcome is Outcome.SERVED:
+            return cast(T, resolution.result)
+        assert resolution.failure is not None
+        raise resolution.failure.to_error() from waiter.cause
+
+    def cancel(self) -> None:
+        """Give the request up (outcome canceled) unless it is already resolved."""
+        self._resumer._give_up(self._request, self._waiter)
+
+
 class ParkingResumer(Generic[T]):
     """Resolves actors for the router: one shared resume per actor, parked callers, retries.
 
@@ -176,11 +206,19 @@ class ParkingResumer(Generic[T]):
         ``anyio.fail_after`` around this call) records outcome canceled and leaves the
         shared resume running for the others.
         """
+        return await self.park(actor, deadline=deadline).wait()
+
+    def park(self, actor: ActorRef, *, deadline: float | None = None) -> Parked[T]:
+        """Admit a request for ``actor`` now, without waiting: :meth:`resolve` in two steps.
+
+        Sheds at once (raises, as :meth:`resolve` does) when the lot is full, so a caller
+        can answer a shed request before it sets up anything to wait with. The returned
+        ticket must be awaited (:meth:`Parked.wait`) or given up (:meth:`Parked.cancel`).
+        """
         tg = self._tg
         if tg is None or self._closing:
             raise Unavailable(SHUTTING_DOWN if self._closing else NOT_RUNNING)
-        lot = self._lot
-        admission = lot.admit(actor, now=self._clock(), deadline=deadline)
+        admission = self._lot.admit(actor, now=self._clock(), deadline=deadline)
         if isinstance(admission, Shed):
             if self._metrics is not None:
                 self._metrics.parking_rejected()
@@ -194,17 +232,11 @@ class ParkingResumer(Generic[T]):
             tg.start_soon(self._attempt, actor)
         self._dispatch()
         self._wake_timer()
-        try:
-            await waiter.event.wait()
-        finally:
-            if waiter.resolution is None and lot.cancel(request, now=self._clock()):
-                self._dispatch()
-        resolution = waiter.resolution
-        assert resolution is not None
-        if resolution.outcome is Outcome.SERVED:
-            return cast(T, resolution.result)
-        assert resolution.failure is not None
-        raise resolution.failure.to_error() from waiter.cause
+        return Parked(self, request, waiter)
+
+    def _give_up(self, request: RequestId, waiter: _Waiter[T]) -> None:
+        if waiter.resolution is None and self._lot.cancel(request, now=self._clock()):
+            self._dispatch()
 
     def flight(self, actor: ActorRef) -> FlightView | None:
         """The actor's current flight, if one runs (e.g. for deadline-aware admission)."""
@@ -294,4 +326,11 @@ class ParkingResumer(Generic[T]):
             self._idle.set()
 
 
-__all__ = ["NOT_RUNNING", "SHUTTING_DOWN", "ParkingMetrics", "ParkingResumer", "ParkingStatus"]
+__all__ = [
+    "NOT_RUNNING",
+    "SHUTTING_DOWN",
+    "Parked",
+    "ParkingMetrics",
+    "ParkingResumer",
+    "ParkingStatus",
+]

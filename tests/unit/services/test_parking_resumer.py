@@ -376,6 +376,36 @@ async def test_a_full_lot_sheds_with_router_at_capacity() -> None:
 
 
 @pytest.mark.anyio
+async def test_park_sheds_without_waiting_and_a_given_up_ticket_frees_its_slot() -> None:
+    control = FakeControlPlane(latency=1.0)
+    metrics = RecordingMetrics()
+    async with resumer(control, ParkingConfig(max_parked=1), metrics=metrics) as parking:
+        ticket = parking.park(WEB)  # admitted at once; nothing awaited yet
+        assert parking.stats().parked == 1
+        with pytest.raises(ResourceExhausted, match="router at capacity"):
+            parking.park(API)  # shed synchronously: no task, no checkpoint
+        ticket.cancel()
+        ticket.cancel()  # idempotent
+        assert parking.stats().parked == 0
+        assert await parking.park(API).wait() == "10.0.0.7"
+    assert metrics.rejected == 1
+    assert metrics.outcomes() == [Outcome.CANCELED, Outcome.SERVED]
+    # the given-up request's resume still ran (a departing caller never cancels it)
+    assert sorted(str(actor) for actor, _ in control.calls) == [str(API), str(WEB)]
+
+
+@pytest.mark.anyio
+async def test_cancel_after_a_ticket_resolved_changes_nothing() -> None:
+    control = FakeControlPlane()
+    metrics = RecordingMetrics()
+    async with resumer(control, metrics=metrics) as parking:
+        ticket = parking.park(WEB)
+        assert await ticket.wait() == "10.0.0.7"
+        ticket.cancel()
+    assert metrics.outcomes() == [Outcome.SERVED]
+
+
+@pytest.mark.anyio
 async def test_disabled_parking_retries_aborted_without_cap_or_metrics() -> None:
     metrics = RecordingMetrics()
     aborted = Aborted("another operation is in progress for this actor")
