@@ -7,6 +7,7 @@ import sys
 import anyio
 import structlog
 
+from daemons._common import gc_tuning
 from daemons._common.logging import configure_logging
 from daemons.atelet import settings as settings_mod
 from daemons.atelet.wiring import run
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     structlog.get_logger("substrate.atelet").info("starting", **settings.redacted())
     try:
+        gc_tuning.tune()
         anyio.run(run, settings)
     except KeyboardInterrupt:
         return 130
