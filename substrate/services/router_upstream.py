@@ -10,6 +10,7 @@ is dropped after ``idle_timeout`` seconds.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import select
 import ssl
@@ -166,8 +167,28 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
+class _PoolWaiter:
+    """A request waiting for a connection to one atunnel: handed one, or told to dial."""
+
+    __slots__ = ("event", "upstream")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.upstream: Upstream | None = None
+
+
 class TunnelPool:
-    """Keep-alive mTLS connections to atunnel listeners, per (worker, address)."""
+    """Keep-alive mTLS connections to atunnel listeners, per (worker, address).
+
+    At most ``max_dials_per_worker`` handshakes to one atunnel run at once. When parked
+    requests are released together (a resume finished with dozens waiting), each would
+    otherwise open its own connection: a mutual-TLS handshake costs ~3.5 ms of CPU on each
+    side, so 200 of them kept the router and the worker busy for most of a second (drill
+    6). Requests beyond the limit wait for whichever comes first: a connection another
+    request releases (handed over directly) or a free dial slot (a slot frees when a
+    handshake ends, not when its connection does, so a long-lived request never blocks
+    the others).
+    """
 
     def __init__(
         self,
@@ -177,17 +198,24 @@ class TunnelPool:
         connect_timeout: float = 5.0,
         idle_timeout: float = 60.0,
         max_idle_per_worker: int = 256,
+        max_dials_per_worker: int = 4,
     ) -> None:
         if connect_timeout <= 0 or idle_timeout <= 0 or max_idle_per_worker < 0:
             raise InvalidArgument("tunnel pool timeouts must be > 0 and sizes >= 0")
+        if max_dials_per_worker < 1:
+            raise InvalidArgument("tunnel pool max_dials_per_worker must be >= 1")
         self._ssl = ssl_context
         self._trust_domain = trust_domain
         self._connect_timeout = connect_timeout
         self._idle_timeout = idle_timeout
         self._max_idle = max_idle_per_worker
+        self._max_dials = max_dials_per_worker
         self._idle: dict[tuple[WorkerRef, str], list[Upstream]] = {}
+        self._dialing: dict[tuple[WorkerRef, str], int] = {}
+        self._waiting: dict[tuple[WorkerRef, str], collections.deque[_PoolWaiter]] = {}
         self._opened = 0
         self._reused = 0
+        self._handed = 0
 
     @property
     def trust_domain(self) -> str:
@@ -197,7 +225,9 @@ class TunnelPool:
         return {
             "opened": self._opened,
             "reused": self._reused,
+            "handed_over": self._handed,
             "idle": sum(len(v) for v in self._idle.values()),
+            "waiting": sum(len(v) for v in self._waiting.values()),
         }
 
     async def acquire(
@@ -208,15 +238,69 @@ class TunnelPool:
         :class:`TunnelUnreachable` if a new connection cannot be made in time, the TLS
         handshake fails, or the peer is not ``Identity.worker(worker.name)``.
         """
-        idle = None if fresh else self._idle.get((worker, address))
-        while idle:
-            upstream = idle.pop()
-            if now - upstream.idle_since < self._idle_timeout and upstream.alive():
+        key = (worker, address)
+        if not fresh:
+            idle = self._idle.get(key)
+            while idle:
+                upstream = idle.pop()
+                if now - upstream.idle_since < self._idle_timeout and upstream.alive():
+                    upstream.reused = True
+                    self._reused += 1
+                    return upstream
+                await upstream.aclose()
+            while self._dialing.get(key, 0) >= self._max_dials:
+                handed = await self._wait_turn(key)
+                if handed is not None:
+                    return handed
+        self._dialing[key] = self._dialing.get(key, 0) + 1
+        try:
+            return await self._connect(worker, address)
+        finally:
+            left = self._dialing[key] - 1
+            if left:
+                self._dialing[key] = left
+            else:
+                del self._dialing[key]
+            self._wake(key, None)
+
+    async def _wait_turn(self, key: tuple[WorkerRef, str]) -> Upstream | None:
+        """Wait for a handed-over connection (returned) or a free dial slot (None)."""
+        waiter = _PoolWaiter()
+        queue = self._waiting.setdefault(key, collections.deque())
+        queue.append(waiter)
+        taken = False
+        try:
+            await waiter.event.wait()
+            upstream = waiter.upstream
+            if upstream is not None and upstream.alive():
+                taken = True
                 upstream.reused = True
-                self._reused += 1
+                self._handed += 1
                 return upstream
-            await upstream.aclose()
-        return await self._connect(worker, address)
+            return None
+        finally:
+            if not waiter.event.is_set():
+                with contextlib.suppress(ValueError):
+                    queue.remove(waiter)
+                if not queue:
+                    self._waiting.pop(key, None)
+            elif not taken and waiter.upstream is not None:
+                # handed a connection, then cancelled (or it died): pass it on or drop it
+                upstream, waiter.upstream = waiter.upstream, None
+                if not (upstream.alive() and self._wake(key, upstream)):
+                    await self._park_idle(key, upstream)
+
+    def _wake(self, key: tuple[WorkerRef, str], upstream: Upstream | None) -> bool:
+        """Wake the first waiter of ``key``, handing it ``upstream`` (or a dial slot)."""
+        queue = self._waiting.get(key)
+        if not queue:
+            return False
+        waiter = queue.popleft()
+        if not queue:
+            del self._waiting[key]
+        waiter.upstream = upstream
+        waiter.event.set()
+        return True
 
     def release(self, upstream: Upstream, *, now: float) -> bool:
         """Keep ``upstream`` for reuse if its exchange ended cleanly; whether it was kept.
@@ -226,13 +310,22 @@ class TunnelPool:
         if not upstream.reusable:
             return False
         key = (upstream.worker, upstream.address)
+        upstream.conn.start_next_cycle()
+        upstream.idle_since = now
+        if self._wake(key, upstream):
+            return True
         idle = self._idle.setdefault(key, [])
         if len(idle) >= self._max_idle:
             return False
-        upstream.conn.start_next_cycle()
-        upstream.idle_since = now
         idle.append(upstream)
         return True
+
+    async def _park_idle(self, key: tuple[WorkerRef, str], upstream: Upstream) -> None:
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < self._max_idle and upstream.alive():
+            idle.append(upstream)
+        else:
+            await upstream.aclose()
 
     async def close_idle(self, *, now: float) -> int:
         """Close the connections idle for longer than ``idle_timeout``; how many."""
