@@ -198,7 +198,7 @@ class TunnelPool:
         connect_timeout: float = 5.0,
         idle_timeout: float = 60.0,
         max_idle_per_worker: int = 256,
-        max_dials_per_worker: int = 4,
+        max_dials_per_worker: int = 16,
     ) -> None:
         if connect_timeout <= 0 or idle_timeout <= 0 or max_idle_per_worker < 0:
             raise InvalidArgument("tunnel pool timeouts must be > 0 and sizes >= 0")
