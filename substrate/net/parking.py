@@ -471,17 +471,34 @@ class ParkingLot(Generic[R]):
 
     # --- events ---------------------------------------------------------------------------
 
-    def admit(self, actor: ActorRef, *, now: float, deadline: float | None = None) -> Admission:
+    def admit(
+        self,
+        actor: ActorRef,
+        *,
+        now: float,
+        deadline: float | None = None,
+        arrived: float | None = None,
+    ) -> Admission:
         """Admit a request for ``actor``, or shed it if the lot is full.
 
         ``deadline`` is the request's own deadline (absolute, same clock as ``now``); when
         it passes first the request resolves with outcome timeout. A deadline already past
         admits the request and resolves it at once. The first request of a flight starts
         its budget clock; if the flight needs a ResumeActor call the answer says so.
+
+        ``arrived`` (at most ``now``) is when the request reached the host, if it waited
+        before it could be admitted (e.g. in the kernel's accept queue while the router was
+        busy): a flight it starts counts its budget from then, and its recorded wait
+        includes that time, so the budget bounds what the client waits, not only what the
+        lot saw. A flight whose budget ran out before admission ends at the next call that
+        fires deadlines (its attempt still starts: the actor wakes for a retry).
         """
         now = self._tick(now)
         if deadline is not None and math.isnan(deadline):
             raise InvalidArgument("request deadline must be a number, got nan")
+        if arrived is not None and math.isnan(arrived):
+            raise InvalidArgument("request arrival time must be a number, got nan")
+        started = now if arrived is None else min(arrived, now)
         self._expire(now)
         requests = self._requests
         waiting = len(requests)
@@ -495,14 +512,14 @@ class ParkingLot(Generic[R]):
         new_flight = flight is None
         start_attempt = False
         if flight is None:
-            flight = _Flight(actor, now, now + self._budget)
+            flight = _Flight(actor, started, started + self._budget)
             self._flights[actor] = flight
             self._push_deadline(flight.deadline, flight)
             if actor not in self._attempting:
                 # Otherwise the flight adopts the orphan attempt still in progress.
                 self._attempting.add(actor)
                 start_attempt = True
-        entry = _Request(request, actor, now, deadline, flight)
+        entry = _Request(request, actor, started, deadline, flight)
         requests[request] = entry
         flight.waiters[request] = entry
         if self._enabled and waiting >= self._max_parked_seen:

@@ -474,7 +474,7 @@ class Atunnel:
         self._tg = tg
         self._listeners = listeners
         self._port = listeners.port
-        listeners.serve(tg, self._serve_connection)
+        listeners.serve(tg, self._serve_accepted)
         if self._idle_max:
             tg.start_soon(self._expire_idle_loop)
         log.info("atunnel.listening", host=self._host, port=self._port)
@@ -729,6 +729,9 @@ class Atunnel:
         return len(links)
 
     # --- serving ----------------------------------------------------------------------
+
+    async def _serve_accepted(self, stream: SocketStream, _sock: socket.socket) -> None:
+        await self._serve_connection(stream)
 
     async def _serve_connection(self, stream: SocketStream) -> None:
         peer = _peer_name(stream)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Final, Self
 
@@ -31,7 +32,9 @@ RETRY_AFTER_ERROR: Final = 0.05
 """Seconds to wait after an accept error such as "too many open files"."""
 _GONE: Final = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
-Handler = Callable[[SocketStream], Awaitable[None]]
+Handler = Callable[[SocketStream, socket.socket], Awaitable[None]]
+"""Serves one accepted connection: its stream, and the socket under it (owned by the stream:
+for socket options and addresses without anyio's per-call attribute lookups)."""
 
 
 class Listeners:
@@ -110,7 +113,29 @@ async def _wrap_and_handle(conn: socket.socket, handle: Handler) -> None:
     except _GONE:  # reset before we got to it
         conn.close()
         return
-    await handle(stream)
+    await handle(stream, conn)
 
 
-__all__ = ["MAX_BATCH", "Listeners"]
+def queued_seconds(sock: socket.socket) -> float:
+    """How long ago the last bytes from the peer reached this host (the kernel's
+    ``tcpi_last_data_recv``; the connection's set-up time if none came yet), in seconds.
+
+    Read right after a request's head: how long the request waited in the kernel (the
+    accept queue, the socket buffer) before this process read it. 0.0 if unknown.
+    """
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except (OSError, AttributeError):
+        return 0.0
+    if len(info) < _LAST_DATA_RECV + 4:
+        return 0.0
+    (millis,) = struct.unpack_from("=I", info, _LAST_DATA_RECV)
+    return float(millis) / 1000.0
+
+
+_TCP_INFO_LEN: Final = 104
+_LAST_DATA_RECV: Final = 52
+"""Offset of ``tcpi_last_data_recv`` (u32, milliseconds) in Linux's ``struct tcp_info``."""
+
+
+__all__ = ["MAX_BATCH", "Listeners", "queued_seconds"]

@@ -208,17 +208,21 @@ class ParkingResumer(Generic[T]):
         """
         return await self.park(actor, deadline=deadline).wait()
 
-    def park(self, actor: ActorRef, *, deadline: float | None = None) -> Parked[T]:
+    def park(
+        self, actor: ActorRef, *, deadline: float | None = None, arrived: float | None = None
+    ) -> Parked[T]:
         """Admit a request for ``actor`` now, without waiting: :meth:`resolve` in two steps.
 
         Sheds at once (raises, as :meth:`resolve` does) when the lot is full, so a caller
         can answer a shed request before it sets up anything to wait with. The returned
         ticket must be awaited (:meth:`Parked.wait`) or given up (:meth:`Parked.cancel`).
+        ``arrived``: when the request reached the host, on the resumer's clock (see
+        :meth:`~substrate.net.parking.ParkingLot.admit`).
         """
         tg = self._tg
         if tg is None or self._closing:
             raise Unavailable(SHUTTING_DOWN if self._closing else NOT_RUNNING)
-        admission = self._lot.admit(actor, now=self._clock(), deadline=deadline)
+        admission = self._lot.admit(actor, now=self._clock(), deadline=deadline, arrived=arrived)
         if isinstance(admission, Shed):
             if self._metrics is not None:
                 self._metrics.parking_rejected()

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -315,8 +316,8 @@ class Router:
         log.info("router.listening", host=host, port=listeners.port)
         return listeners.port
 
-    async def _serve_client(self, stream: SocketStream) -> None:
-        await serve_connection(self, stream)
+    async def _serve_client(self, stream: SocketStream, sock: socket.socket) -> None:
+        await serve_connection(self, stream, sock)
 
     async def shutdown(self, within: float | None = None) -> bool:
         """Stop accepting and drain: wait (at most ``within`` seconds, default the drain
@@ -393,10 +394,14 @@ class Router:
         return begun if isinstance(begun, Resolution) else await begun.wait()
 
     def begin_resolve(
-        self, actor: ActorRef, *, deadline: float | None = None
+        self, actor: ActorRef, *, deadline: float | None = None, arrived: float | None = None
     ) -> Resolution | Parked[Resolution]:
         """:meth:`resolve` up to the wait: the cached route, or the parked request to wait
-        for. Raises at once what needs no wait (shed, deadline rejected, shutting down)."""
+        for. Raises at once what needs no wait (shed, deadline rejected, shutting down).
+
+        ``arrived`` is when the request reached this host (on :attr:`clock`): the park
+        budget counts from then, so time spent waiting to be read is not added to it.
+        """
         cached = self.cached(actor)
         if cached is not None:
             return cached
@@ -404,7 +409,7 @@ class Router:
             reject = self._admit(actor, deadline)
             if reject is not None:
                 raise DeadlineRejected(reject.reason, reject.retry_after)
-        return self._resumer.park(actor, deadline=deadline)
+        return self._resumer.park(actor, deadline=deadline, arrived=arrived)
 
     def _admit(self, actor: ActorRef, deadline: float) -> Reject | None:
         last = self.cache.last_known(actor)

@@ -56,6 +56,7 @@ from substrate.net.routing import (
     upstream_headers,
 )
 from substrate.net.tunnel import is_chunked
+from substrate.services.listeners import queued_seconds
 from substrate.services.parking import Parked
 from substrate.services.router_upstream import (
     MAX_HEAD_BYTES,
@@ -86,11 +87,13 @@ class ClientGone(Exception):
 class ClientConn:
     """One client connection (or the inside of its CONNECT tunnel) and its h11 state."""
 
-    __slots__ = ("conn", "idle_scope", "method", "peer", "stream")
+    __slots__ = ("conn", "idle_scope", "method", "peer", "sock", "stream")
 
-    def __init__(self, stream: SocketStream, peer: str) -> None:
+    def __init__(self, stream: SocketStream, peer: str, sock: socket.socket | None = None) -> None:
         self.stream = stream
         self.peer = peer
+        self.sock = sock
+        """The socket under ``stream`` when known (to ask the kernel when a request came)."""
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_scope: anyio.CancelScope | None = None
         self.method = b""
@@ -189,6 +192,16 @@ class _Ctx:
 # --- the connection ------------------------------------------------------------------------
 
 
+def _peer(sock: socket.socket) -> str:
+    try:
+        address = sock.getpeername()
+    except OSError:  # a peer that vanished has no address
+        return "?"
+    if isinstance(address, tuple):
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
 def peer_of(stream: SocketStream) -> str:
     """``host:port`` of the client, for logs."""
     try:
@@ -200,9 +213,17 @@ def peer_of(stream: SocketStream) -> str:
     return str(address)
 
 
-async def serve_connection(router: Router, stream: SocketStream) -> None:
-    """Serve one client connection until it closes (or the router stops)."""
-    client = ClientConn(stream, peer_of(stream))
+async def serve_connection(
+    router: Router, stream: SocketStream, sock: socket.socket | None = None
+) -> None:
+    """Serve one client connection until it closes (or the router stops).
+
+    ``sock`` is the socket under ``stream``, if the caller has it: with it, each request's
+    clock starts when its bytes reached the host (:func:`queued_seconds`), not when the
+    router got around to reading them, so the park budget and the request timeout bound
+    what the client waits even when a burst keeps the router busy.
+    """
+    client = ClientConn(stream, peer_of(stream) if sock is None else _peer(sock), sock)
     port, tunneled = DEFAULT_PORT, False
     router.client_opened(client)
     try:
@@ -214,9 +235,10 @@ async def serve_connection(router: Router, stream: SocketStream) -> None:
                 await _bad_request(router, client, str(request))
                 return
             router.request_started()
+            queued = 0.0 if client.sock is None else queued_seconds(client.sock)
             ctx = _Ctx(
-                started=router.clock(),
-                at=time.time(),
+                started=router.clock() - queued,
+                at=time.time() - queued,
                 method=request.method.decode("latin-1"),
                 target=redact_target(request.target.decode("latin-1")),
                 port=port,
@@ -229,7 +251,7 @@ async def serve_connection(router: Router, stream: SocketStream) -> None:
                     if inner is not None:
                         trailing, closed = client.conn.trailing_data
                         router.client_closed(client)
-                        client = ClientConn(stream, client.peer)
+                        client = ClientConn(stream, client.peer, client.sock)
                         router.client_opened(client)
                         if trailing:  # (h11 takes b"" for "the peer closed")
                             client.conn.receive_data(trailing)
@@ -251,7 +273,7 @@ async def serve_connection(router: Router, stream: SocketStream) -> None:
     finally:
         router.client_closed(client)
         done = client.conn.their_state in _CLIENT_DONE and not client.conn.trailing_data[0]
-        await _close(stream, router.config.linger, done=done)
+        await _close(stream, router.config.linger, done=done, sock=client.sock)
 
 
 async def _next_request(router: Router, client: ClientConn) -> h11.Request | ClientGone | None:
@@ -289,7 +311,9 @@ async def _bad_request(router: Router, client: ClientConn, why: str) -> None:
     router.request_finished(ctx.record(router.clock()))
 
 
-async def _close(stream: SocketStream, linger: float, *, done: bool = False) -> None:
+async def _close(
+    stream: SocketStream, linger: float, *, done: bool = False, sock: socket.socket | None = None
+) -> None:
     """Close after our last bytes: FIN, then read and drop what the client still sends for
     up to ``linger`` seconds (closing with unread data would reset the connection and could
     destroy our last answer before the client read it).
@@ -303,7 +327,7 @@ async def _close(stream: SocketStream, linger: float, *, done: bool = False) -> 
     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
         try:
             await stream.send_eof()
-            if done and _nothing_pending(stream):
+            if done and _nothing_pending(stream, sock):
                 return
             with anyio.move_on_after(linger):
                 while True:
@@ -312,10 +336,11 @@ async def _close(stream: SocketStream, linger: float, *, done: bool = False) -> 
             await stream.aclose()
 
 
-def _nothing_pending(stream: SocketStream) -> bool:
+def _nothing_pending(stream: SocketStream, sock: socket.socket | None) -> bool:
     """Whether the client's side has no unread bytes for us (or has closed)."""
     try:
-        sock = stream.extra(SocketAttribute.raw_socket)
+        if sock is None:
+            sock = stream.extra(SocketAttribute.raw_socket)
         return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except BlockingIOError:
         return True
@@ -494,14 +519,21 @@ async def _handle(
     resolution = router.cached(actor)
     if resolution is None:
         try:
-            resolution = await _resolve_watching(router, client, actor, deadline)
+            resolution = await _resolve_watching(
+                router, client, actor, deadline, arrived=ctx.started
+            )
         except SubstrateError as exc:
             return await _refuse_error(router, client, ctx, exc, ctx.actor)
     return await _forward(router, client, request, headers, body, actor, port, resolution, ctx)
 
 
 async def _resolve_watching(
-    router: Router, client: ClientConn, actor: ActorRef, deadline: float | None
+    router: Router,
+    client: ClientConn,
+    actor: ActorRef,
+    deadline: float | None,
+    *,
+    arrived: float | None = None,
 ) -> Resolution:
     """:meth:`Router.resolve`, given up (only for this request) if the client goes away.
 
@@ -509,7 +541,7 @@ async def _resolve_watching(
     met) is answered before anything is set up to watch the client: in a burst most
     requests end that way, and the watcher is the most expensive part of a request.
     """
-    begun = router.begin_resolve(actor, deadline=deadline)
+    begun = router.begin_resolve(actor, deadline=deadline, arrived=arrived)
     if not isinstance(begun, Parked):
         return begun
     result: Resolution | None = None

@@ -4,9 +4,12 @@ shared by a flight, shedding, disabled mode, departing clients, deadlines, /stat
 from __future__ import annotations
 
 import json
+import socket
+import time
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 from prometheus_client import generate_latest
 
@@ -140,6 +143,35 @@ async def test_the_budget_runs_out_with_the_last_description(tmp_path: Path) -> 
         assert answer.headers["retry-after"] == "1"
         assert 0.45 <= waited < 1.5
         assert s.ateapi.calls_for(A) > 3  # retried with backoff meanwhile
+        assert metric(s, WAIT, outcome="budget_exhausted") == 1
+
+
+async def test_the_budget_counts_from_when_the_request_reached_the_host(tmp_path: Path) -> None:
+    """A request that waits in the kernel while the router is busy is not given a full
+    budget on top: the router asks the kernel when the bytes came (TCP_INFO)."""
+    async with stack(tmp_path, router_config(budget=1.0)) as s:
+        s.ateapi.on_resume = scripted(then=ResourceExhausted(NO_ROOM))
+        raw = socket.create_connection((HOST, s.port))
+        raw.setblocking(False)
+        started = time.monotonic()
+        raw.sendall(
+            b"GET / HTTP/1.1\r\nHost: r\r\nate-target-actor: team-a/alpha\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        time.sleep(0.5)  # noqa: ASYNC251 (on purpose: the router shares this loop and must not read)
+        stream = await anyio.abc.SocketStream.from_socket(raw)
+        data = b""
+        async with stream:
+            with anyio.fail_after(5):
+                while True:
+                    try:
+                        data += await stream.receive()
+                    except anyio.EndOfStream:
+                        break
+        waited = time.monotonic() - started
+        assert data.startswith(b"HTTP/1.1 503"), data
+        assert NO_ROOM.encode() in data
+        assert 0.9 <= waited < 1.35  # the budget from arrival, not 1.5 s (0.5 + 1.0)
         assert metric(s, WAIT, outcome="budget_exhausted") == 1
 
 

@@ -227,6 +227,45 @@ def test_late_joiner_shares_the_remaining_budget() -> None:
     assert resolutions[late.request].waited == 1.0  # sub-budget exhaustion is expected
 
 
+def test_a_flight_counts_its_budget_from_when_its_first_request_arrived() -> None:
+    lot: ParkingLot[str] = ParkingLot()
+    # read at 1.5 s, but its bytes reached the host at 0.0 (the router was busy)
+    first = admitted(lot.admit(WEB, now=1.5, arrived=0.0))
+    assert first.start_attempt
+    flight = lot.flight(WEB)
+    assert flight is not None
+    assert (flight.started_at, flight.deadline) == (0.0, 5.0)
+    assert lot.next_deadline() == 5.0
+    # a joiner that queued too: its recorded wait starts at its own arrival
+    late = admitted(lot.admit(WEB, now=2.0, arrived=1.0))
+    lot.poll(now=5.2)
+    resolutions = {r.request: r for r in lot.take_resolutions()}
+    assert resolutions[first.request].outcome is Outcome.BUDGET_EXHAUSTED
+    assert resolutions[first.request].waited == 5.0  # what the client waited, not 3.5
+    assert resolutions[late.request].waited == 4.0
+
+
+def test_a_request_that_queued_past_the_budget_ends_at_once_but_still_wakes_the_actor() -> None:
+    lot: ParkingLot[str] = ParkingLot()
+    request = admitted(lot.admit(WEB, now=6.0, arrived=0.5))
+    assert request.start_attempt  # a retry by the client finds the actor awake
+    assert lot.poll(now=6.0) == []
+    resolution = only(lot.take_resolutions())
+    assert resolution.outcome is Outcome.BUDGET_EXHAUSTED
+    # as every deadline resolution: at the deadline (arrival + budget), however late noticed
+    assert (resolution.resolved_at, resolution.waited) == (5.5, 5.0)
+
+
+def test_an_arrival_after_now_counts_as_now_and_nan_is_refused() -> None:
+    lot: ParkingLot[str] = ParkingLot()
+    admitted(lot.admit(WEB, now=1.0, arrived=3.0))
+    flight = lot.flight(WEB)
+    assert flight is not None
+    assert flight.started_at == 1.0
+    with pytest.raises(InvalidArgument, match="arrival"):
+        lot.admit(API, now=1.0, arrived=float("nan"))
+
+
 def test_flights_of_different_actors_are_independent() -> None:
     lot: ParkingLot[str] = ParkingLot()
     assert admitted(lot.admit(WEB, now=0.0)).start_attempt
