@@ -10,6 +10,7 @@ import attrs
 
 from daemons._common.lifecycle import split_host_port
 from substrate.core.model import Capacity
+from substrate.services.workloads import default_concurrent_starts
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -48,6 +49,7 @@ class Settings:
     egress_allow: tuple[str, ...]
     egress_proxy: str
     probe_timeout: float
+    max_concurrent_starts: int
     runsc: str
     runsc_debug_dir: str
     log_level: str
@@ -89,6 +91,12 @@ def parse(argv: list[str] | None = None) -> Settings:
     )
     p.add_argument("--egress-proxy", default="", help="host:port of an HTTP CONNECT proxy")
     p.add_argument("--probe-timeout", type=float, default=30.0, help="seconds")
+    p.add_argument(
+        "--max-concurrent-starts",
+        type=int,
+        default=0,
+        help="sandboxes booted or restored at once (default 0: one per CPU, at least 2)",
+    )
     p.add_argument("--runsc", default="runsc", help="the runsc binary")
     p.add_argument("--runsc-debug-dir", default="", help="runsc --debug-log directory")
     p.add_argument("--log-level", default="info")
@@ -99,6 +107,8 @@ def parse(argv: list[str] | None = None) -> Settings:
         p.error("capacity must be positive")
     if a.probe_timeout <= 0:
         p.error("--probe-timeout must be positive")
+    if a.max_concurrent_starts < 0:
+        p.error("--max-concurrent-starts must be >= 0 (0: one per CPU)")
     if not a.node_dir.is_absolute():
         a.node_dir = a.node_dir.absolute()
     return Settings(
@@ -117,6 +127,7 @@ def parse(argv: list[str] | None = None) -> Settings:
         egress_allow=tuple(a.egress_allow),
         egress_proxy=a.egress_proxy,
         probe_timeout=a.probe_timeout,
+        max_concurrent_starts=a.max_concurrent_starts or default_concurrent_starts(),
         runsc=a.runsc,
         runsc_debug_dir=a.runsc_debug_dir,
         log_level=a.log_level,

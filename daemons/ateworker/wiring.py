@@ -96,6 +96,7 @@ async def run(settings: Settings) -> None:
                     labels=dict(settings.labels),
                     tunnel_address=advertise,
                     probe_timeout=settings.probe_timeout,
+                    max_concurrent_starts=settings.max_concurrent_starts,
                     actor_address=ACTOR_ADDRESS if gvisor else "",
                 ),
                 layout=layout,

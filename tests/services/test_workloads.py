@@ -24,7 +24,7 @@ from substrate.errors import (
 )
 from substrate.net.plan import plan_for
 from substrate.sandbox.node_layout import NodeLayout
-from substrate.sandbox.spec import SandboxAddress, sandbox_id_for
+from substrate.sandbox.spec import SandboxAddress, SandboxSpec, sandbox_id_for
 from substrate.sandbox.worker_ports import WorkerApi, WorkloadRequest
 from substrate.services.workloads import WorkerConfig, WorkloadManager, next_epoch
 from substrate.testing.contracts.sandbox import held_connection, http_get
@@ -83,6 +83,7 @@ async def worker(
     actors: int = 4,
     probe_timeout: float = 5.0,
     runtime: FakeSandboxRuntime | None = None,
+    max_concurrent_starts: int = 2,
 ) -> AsyncIterator[tuple[WorkloadManager, FakeHostNetwork, RecordingIngress]]:
     network = FakeHostNetwork()
     ingress = RecordingIngress()
@@ -94,6 +95,7 @@ async def worker(
                 capacity=Capacity(cpu_milli=4000, memory_bytes=4 << 30, actors=actors),
                 sandbox_class=SandboxClass.FAKE,
                 probe_timeout=probe_timeout,
+                max_concurrent_starts=max_concurrent_starts,
             ),
             layout=NodeLayout(str(tmp_path / "node")),
             runtime=rt,
@@ -259,6 +261,54 @@ async def test_start_removes_leftovers_of_an_earlier_run(tmp_path: Path) -> None
         async with manager.serving():
             assert not await network.exists(plan_for("w1", "old"))
             assert await network.exists(plan_for("other", "theirs"))
+
+
+class SlowBootRuntime(FakeSandboxRuntime):
+    """Boots take 50 ms; records how many ran at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.booting = 0
+        self.most = 0
+
+    async def run(self, spec: SandboxSpec) -> None:
+        self.booting += 1
+        self.most = max(self.most, self.booting)
+        try:
+            await anyio.sleep(0.05)
+            await super().run(spec)
+        finally:
+            self.booting -= 1
+
+
+async def test_only_a_few_sandboxes_boot_at_once_and_the_rest_wait(tmp_path: Path) -> None:
+    runtime = SlowBootRuntime()
+    async with worker(tmp_path, "w-1", actors=6, runtime=runtime, max_concurrent_starts=2) as (
+        manager,
+        _,
+        ingress,
+    ):
+        started = []
+
+        async def start(i: int) -> None:
+            started.append(await manager.run(request(tmp_path, f"uid-{i}")))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(start, i)
+        assert runtime.most == 2
+        assert len(ingress.routes) == 5
+        assert sum(1 for s in started if s.timings.get("queued", 0) > 0.02) >= 2
+
+
+def test_concurrent_starts_must_be_positive() -> None:
+    with pytest.raises(InvalidArgument, match="max_concurrent_starts"):
+        WorkerConfig(
+            name="w",
+            node=NodeRef("n"),
+            capacity=Capacity(cpu_milli=1, memory_bytes=1, actors=1),
+            max_concurrent_starts=0,
+        )
 
 
 def test_epoch_rises_on_every_start(tmp_path: Path) -> None:
