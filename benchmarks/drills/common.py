@@ -68,10 +68,10 @@ class DrillConfig:
     burst_lot: int = 1024
     burst_slack: float = 4.0
     """The bound of the burst's "none hangs" check at the client (budget + this). The
-    stricter "within the budget" check (budget + ``slack``) is separate: on 2 cores a
-    request of the burst waits 1.5-3 s on average before the router reads it (see
-    docs/operations.md), so that one fails here; the router's own park wait is checked
-    against the budget itself (``/statusz``)."""
+    stricter "within the budget" check (budget + ``slack``) is separate; on 2 cores it
+    holds in about half the runs (a few served answers come up to 0.3 s past it: see
+    docs/operations.md, D); the router's own park wait is checked against the budget
+    itself (``/statusz``)."""
     suspended_every: float = 5.0
     keep: bool = False
     """Keep the stacks' state directories (logs) after a drill that passed."""
