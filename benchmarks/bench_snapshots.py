@@ -32,7 +32,6 @@ import hashlib
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ import structlog
 import zstandard
 
 from substrate.adapters.objectstore import ObjectStoreOptions, ObstoreBlobStore, open_blobstore
+from substrate.cli.stack import free_port
 from substrate.services.snapshots import DEFAULT_THREADS, download_snapshot, upload_snapshot
 
 MIB = 1 << 20
@@ -198,13 +198,6 @@ async def transfer_row(
 
 
 # --- moto -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start_moto() -> tuple[subprocess.Popen[bytes], str] | str:

@@ -37,15 +37,11 @@ import time
 from pathlib import Path
 from typing import Final
 
+from substrate.cli.stack import free_port
+
 MODES: Final = ("pass", "refuse", "blackhole")
 PG_BIN_DIRS: Final = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
 _CHUNK: Final = 65536
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 # --- the proxy process -------------------------------------------------------------------

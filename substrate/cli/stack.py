@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -182,9 +183,42 @@ def _absolute(path: Path) -> Path:
 
 
 def free_port(host: str = HOST) -> int:
+    """A TCP port on ``host`` that is free now, for a daemon to bind a moment later.
+
+    Chosen *below* the kernel's ephemeral range (``ip_local_port_range``), so no outgoing
+    connection made meanwhile can take it: a port from the ephemeral range (``bind`` to 0)
+    was sometimes the local port of one of the stack's own client connections by the time
+    the router, started last, tried to listen on it ("Address already in use"). Falls back
+    to an ephemeral port when the range below is unusable.
+    """
+    low, _ = _ephemeral_range()
+    floor = max(1024, low - _BELOW_EPHEMERAL)
+    if low - floor >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(floor, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+_BELOW_EPHEMERAL: Final = 12_000
+"""How far below the ephemeral range :func:`free_port` looks."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low, high = (int(part) for part in text.split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def file_url(path: Path) -> str:

@@ -24,7 +24,7 @@ import yaml
 
 from substrate.adapters.gvisor import procfs
 from substrate.cli.main import main
-from substrate.cli.stack import choose_runtime
+from substrate.cli.stack import choose_runtime, free_port
 from substrate.client import read_local_stack
 from substrate.client.local import default_state_dir
 from substrate.client.manifest import parse_template, template_to_data
@@ -187,12 +187,6 @@ def test_bad_template_files(text: str, message: str) -> None:
 
 
 # --- with a stack ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -497,3 +491,14 @@ def test_down_stops_everything(tmp_path: Path) -> None:
     assert not any(procfs.alive(p.pid, p.start_ticks) for p in recorded)
     assert not (state / "stack.json").exists()
     assert (state / "pki" / "ca.crt").exists(), "the PKI stays for the next ate up"
+
+
+def test_free_ports_come_from_below_the_ephemeral_range() -> None:
+    """So no outgoing connection of the stack can take a port before its daemon binds it."""
+    low, _ = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= port < low for port in ports), ports
+    assert len(ports) > 1  # random, not a fixed port
+    port = ports.pop()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # and free

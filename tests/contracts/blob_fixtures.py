@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,19 +37,12 @@ import pytest
 
 from substrate.adapters.memory import InMemoryBlobStore
 from substrate.adapters.objectstore import ObjectStoreOptions, open_blobstore
+from substrate.cli.stack import free_port
 from substrate.snapshot.ports import BlobStore
 from substrate.testing.contracts.blobstore import MakeBlobStore
 
 STARTUP_TIMEOUT: Final = 30.0
 _buckets = itertools.count(1)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (nothing listens on it now)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @attrs.define

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import attrs
 import h11
 
 from substrate.adapters.gvisor.images import LocalImages, build_counter_image
+from substrate.cli.stack import free_port
 from substrate.identity import CertificateAuthority, Identity, TlsFiles, client_context
 from substrate.identity.ca import CA_VALIDITY
 from substrate.identity.files import write_bundle
@@ -32,12 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TRUST_DOMAIN = "ate"
 NOW = datetime.now(UTC)
 COUNTER_IMAGE = "counter:1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30.0) -> str:

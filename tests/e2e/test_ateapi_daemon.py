@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from grpclib.client import Channel
 from substrate.api import pb
 from substrate.api.atelet import serve_atelet
 from substrate.api.convert import capacity_to_proto, sandbox_class_to_proto
+from substrate.cli.stack import free_port
 from substrate.client import AteClient
 from substrate.client._async import _close_channel
 from substrate.core.ids import NodeRef, TemplateRef, WorkerRef
@@ -49,12 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 20.0) -> str:

@@ -24,6 +24,7 @@ import pytest
 
 from daemons.router import settings as router_settings
 from substrate.adapters.memory import FakeSandboxRuntime
+from substrate.cli.stack import free_port
 from substrate.core.ids import ActorRef
 from substrate.core.model import ResumeResult
 from substrate.errors import ResourceExhausted
@@ -123,12 +124,6 @@ def test_the_process_refuses_bad_flags_before_serving(tmp_path: Path) -> None:
 
 
 # --- the process ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def fetch(url: str) -> str:

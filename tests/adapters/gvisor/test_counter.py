@@ -13,19 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from substrate.cli.stack import free_port
 from tests.adapters.gvisor.test_images import CAN_BUILD
 from tests.contracts.gvisor_factory import counter_image
 
 pytestmark = pytest.mark.skipif(not CAN_BUILD, reason="needs gcc with static glibc and busybox")
 
 COUNT_RE = re.compile(rb"count=(\d+) boot=([0-9a-f]{16})$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_counter(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -11,6 +10,7 @@ import pytest
 
 from substrate.adapters.postgres import PostgresStore
 from substrate.adapters.urls import open_store
+from substrate.cli.stack import free_port
 from substrate.core.ids import WorkerRef
 from substrate.core.model import Atespace
 from substrate.errors import Unavailable
@@ -18,13 +18,6 @@ from substrate.testing.contracts.store import worker
 from tests.adapters.postgres.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def via(url: str, port: int) -> str:
