@@ -53,6 +53,7 @@ drills: $(STAMP) system-deps
 docs: $(STAMP)
 	$(PY) scripts/render_lifecycle.py > docs/lifecycle.md
 	$(PY) scripts/render_api_docs.py > docs/api.md
+	$(PY) scripts/render_cli_docs.py > docs/cli.md
 
 gen-proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
