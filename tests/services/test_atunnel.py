@@ -8,7 +8,7 @@ import socket
 import ssl
 import struct
 import tracemalloc
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +40,7 @@ from substrate.net.tunnel import (
 )
 from substrate.sandbox.spec import SandboxAddress, SandboxSpec, sandbox_id_for
 from substrate.services.atunnel import Atunnel, atunnel_server_context
+from tests.http_client import H11Client
 
 pytestmark = pytest.mark.anyio
 
@@ -97,13 +98,6 @@ def certless_context(pki: Pki) -> ssl.SSLContext:
 # --- an HTTP/1.1 client over TLS --------------------------------------------------------
 
 
-@attrs.frozen
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
 async def dial(tunnel: Atunnel, ctx: ssl.SSLContext) -> TLSStream:
     stream = await anyio.connect_tcp(
         HOST, tunnel.port, ssl_context=ctx, tls_standard_compatible=False
@@ -112,71 +106,11 @@ async def dial(tunnel: Atunnel, ctx: ssl.SSLContext) -> TLSStream:
     return stream
 
 
-class Client:
-    """Keep-alive HTTP/1.1 requests on one connection."""
-
-    def __init__(self, stream: TLSStream) -> None:
-        self.stream = stream
-        self.conn = h11.Connection(h11.CLIENT)
-
-    async def send(self, event: h11.Event) -> None:
-        await self.stream.send(self.conn.send(event) or b"")
-
-    async def event(self) -> object:
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = await self.stream.receive()
-            except anyio.EndOfStream:
-                data = b""
-            self.conn.receive_data(data)
-
-    async def response(self) -> Answer:
-        status, headers, body = 0, {}, bytearray()
-        while True:
-            event = await self.event()
-            if isinstance(event, h11.Response):
-                status = event.status_code
-                headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
-                    self.conn.start_next_cycle()
-                return Answer(status, headers, bytes(body))
-            else:
-                raise AssertionError(f"unexpected {event!r}")
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        body: bytes = b"",
-    ) -> Answer:
-        all_headers = list(headers)
-        if body:
-            all_headers.append(("content-length", str(len(body))))
-        with anyio.fail_after(TIMEOUT):
-            await self.send(h11.Request(method=method, target=target, headers=all_headers))
-            if body:
-                await self.send(h11.Data(data=body))
-            await self.send(h11.EndOfMessage())
-            return await self.response()
-
-    async def get(self, actor: str, path: str = "/", **extra: str) -> Answer:
-        headers = [("host", "actor.example"), ("ate-target-actor", actor)]
-        headers += [(k.replace("_", "-"), v) for k, v in extra.items()]
-        return await self.request("GET", path, headers)
-
-
 @asynccontextmanager
-async def client(tunnel: Atunnel, pki: Pki, name: str = "router") -> AsyncIterator[Client]:
+async def client(tunnel: Atunnel, pki: Pki, name: str = "router") -> AsyncIterator[H11Client]:
     stream = await dial(tunnel, router_context(pki, name))
     try:
-        yield Client(stream)
+        yield H11Client(stream)
     finally:
         with anyio.CancelScope(shield=True):
             await stream.aclose()
@@ -677,7 +611,7 @@ async def test_connect_tunnel_to_a_sandbox(pki: Pki, tmp_path: Path) -> None:
         spec = await run_actor(rt, tunnel, tmp_path, A, "uid-a")
         stream = await dial(tunnel, router_context(pki))
         try:
-            outer = Client(stream)
+            outer = H11Client(stream)
             await outer.send(
                 h11.Request(
                     method="CONNECT",
@@ -696,7 +630,7 @@ async def test_connect_tunnel_to_a_sandbox(pki: Pki, tmp_path: Path) -> None:
             assert head.status_code == 200
             assert head.reason == b"Connection established"
             assert outer.conn.our_state is h11.SWITCHED_PROTOCOL
-            inner = Client(stream)  # raw bytes from here: speak HTTP to the workload
+            inner = H11Client(stream)  # raw bytes from here: speak HTTP to the workload
             assert (await inner.get("ignored/ignored")).body.startswith(b"count=1 ")
             assert (await inner.get("ignored/ignored")).body.startswith(b"count=2 ")
             assert rt.open_connections(spec.sandbox_id) == 1
@@ -756,7 +690,7 @@ async def test_abort_resets_both_sides_and_blocks_until_activate(pki: Pki, tmp_p
     async with tunnel_for(pki) as tunnel, FakeSandboxRuntime() as rt:
         spec = await run_actor(rt, tunnel, tmp_path, A, "uid-a")
         stream = await dial(tunnel, router_context(pki))
-        outer = Client(stream)
+        outer = H11Client(stream)
         await outer.send(
             h11.Request(
                 method="CONNECT",
@@ -769,7 +703,7 @@ async def test_abort_resets_both_sides_and_blocks_until_activate(pki: Pki, tmp_p
             head = await outer.event()
         assert isinstance(head, h11.Response)
         assert head.status_code == 200
-        assert (await Client(stream).get("x/y")).body.startswith(b"count=1 ")
+        assert (await H11Client(stream).get("x/y")).body.startswith(b"count=1 ")
         assert rt.open_connections(spec.sandbox_id) == 1
 
         assert await tunnel.abort("uid-a") == 1

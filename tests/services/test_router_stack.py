@@ -60,6 +60,7 @@ from substrate.sandbox.spec import SandboxAddress, SandboxSpec, sandbox_id_for
 from substrate.services.atunnel import Atunnel, atunnel_server_context
 from substrate.services.router import Router, RouterConfig
 from substrate.services.router_upstream import TunnelPool, tunnel_client_context
+from tests.http_client import H11Client, Reply
 
 TRUST_DOMAIN = "ate"
 HOST = "127.0.0.1"
@@ -534,24 +535,12 @@ async def stack(
 # --- an HTTP/1.1 client ---------------------------------------------------------------------------
 
 
-@attrs.frozen
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        return self.body.decode()
-
-
-class Http:
+class Http(H11Client):
     """Keep-alive HTTP/1.1 over one plain TCP connection to the router."""
 
     def __init__(self, port: int) -> None:
+        super().__init__(None)  # type: ignore[arg-type]  # connected in __aenter__ (or by hand)
         self.port = port
-        self.stream: SocketStream | None = None
-        self.conn = h11.Connection(h11.CLIENT)
 
     async def __aenter__(self) -> Http:
         self.stream = await anyio.connect_tcp(HOST, self.port)
@@ -561,64 +550,6 @@ class Http:
         if self.stream is not None:
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
-
-    async def send(self, event: h11.Event) -> None:
-        assert self.stream is not None
-        await self.stream.send(self.conn.send(event) or b"")
-
-    async def event(self) -> object:
-        assert self.stream is not None
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                data = await self.stream.receive()
-            except anyio.EndOfStream:
-                data = b""
-            self.conn.receive_data(data)
-
-    async def response(self) -> Reply:
-        status, headers, body = 0, {}, bytearray()
-        while True:
-            event = await self.event()
-            if isinstance(event, h11.InformationalResponse):
-                continue
-            if isinstance(event, h11.Response):
-                status = event.status_code
-                headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
-                    self.conn.start_next_cycle()
-                return Reply(status, headers, bytes(body))
-            else:
-                raise AssertionError(f"unexpected {event!r}")
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        headers: Sequence[tuple[str, str]] = (),
-        body: bytes = b"",
-    ) -> Reply:
-        all_headers = list(headers)
-        if not any(k.lower() == "host" for k, _ in all_headers):
-            all_headers.insert(0, ("host", "actor.example"))
-        if body:
-            all_headers.append(("content-length", str(len(body))))
-        with anyio.fail_after(TIMEOUT):
-            await self.send(h11.Request(method=method, target=target, headers=all_headers))
-            if body:
-                await self.send(h11.Data(data=body))
-            await self.send(h11.EndOfMessage())
-            return await self.response()
-
-    async def get(self, actor: ActorRef | str | None, path: str = "/", **extra: str) -> Reply:
-        headers = [] if actor is None else [("ate-target-actor", str(actor))]
-        headers += [(k.replace("_", "-"), v) for k, v in extra.items()]
-        return await self.request("GET", path, headers)
 
 
 async def get(port: int, actor: ActorRef | str | None, path: str = "/", **extra: str) -> Reply:
