@@ -20,13 +20,13 @@ from urllib.request import urlopen
 
 import anyio
 import attrs
-import h11
 
 from substrate.adapters.gvisor.images import LocalImages, build_counter_image
 from substrate.cli.stack import free_port
 from substrate.identity import CertificateAuthority, Identity, TlsFiles, client_context
 from substrate.identity.ca import CA_VALIDITY
 from substrate.identity.files import write_bundle
+from tests.http_client import H11Client, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 TRUST_DOMAIN = "ate"
@@ -208,13 +208,6 @@ def stack(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Stack]:
         s.stop_all()
 
 
-@attrs.frozen
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
 async def tunnel_get(
     files: TlsFiles,
     tunnel: str,
@@ -222,8 +215,7 @@ async def tunnel_get(
     path: str = "/",
     *,
     port: int | None = None,
-    expect_identity: Identity | None = None,
-) -> Answer:
+) -> Reply:
     """One GET through a worker's atunnel, as the router would send it."""
     ctx = client_context(files, check_hostname=False)
     ctx.set_alpn_protocols(["http/1.1"])
@@ -232,29 +224,11 @@ async def tunnel_get(
         stream = await anyio.connect_tcp(
             host, int(tport), ssl_context=ctx, tls_standard_compatible=False
         )
-        try:
-            conn = h11.Connection(h11.CLIENT)
-            headers = [("Host", "actor.example"), ("ate-target-actor", actor)]
+        async with stream:
+            headers = [("ate-target-actor", actor)]
             if port is not None:
                 headers.append(("ate-target-port", str(port)))
-            data = conn.send(h11.Request(method="GET", target=path, headers=headers))
-            data += conn.send(h11.EndOfMessage())
-            await stream.send(data)
-            status, out_headers, body = 0, {}, b""
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive())
-                    continue
-                if isinstance(event, h11.Response):
-                    status = event.status_code
-                    out_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
-                elif isinstance(event, h11.Data):
-                    body += bytes(event.data)
-                elif isinstance(event, h11.EndOfMessage):
-                    return Answer(status=status, headers=out_headers, body=body)
-        finally:
-            await stream.aclose()
+            return await H11Client(stream).request("GET", path, headers)
 
 
 @asynccontextmanager
