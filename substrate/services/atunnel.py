@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import select
 import socket
 import ssl
 import struct
@@ -114,6 +113,7 @@ from substrate.net.tunnel import (
 from substrate.sandbox.spec import SandboxAddress
 from substrate.services.listeners import Listeners
 from substrate.services.sandbox_sockets import connect_rst, set_rst_on_close
+from substrate.services.tcp_state import has_input, peer_text
 
 log = structlog.get_logger("substrate.atunnel")
 
@@ -258,15 +258,7 @@ class _Backend:
         An idle HTTP/1.1 connection has nothing to say; if its socket is readable the
         actor closed it (or sent bytes nobody asked for), and it must not carry a request.
         """
-        fd = self.sock.fileno()
-        if fd == -1:
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        try:
-            return not poller.poll(0)
-        except OSError:
-            return False
+        return has_input(self.sock) is False
 
     def unsent(self) -> int:
         """Bytes in the send queue that the actor has not acknowledged (``SIOCOUTQ``)."""
@@ -1219,10 +1211,8 @@ def _peer_name(stream: SocketStream) -> str:
     try:
         address = stream.extra(SocketAttribute.remote_address)
     except Exception:  # a peer that vanished has no address
-        return "?"
-    if isinstance(address, tuple):
-        return f"{address[0]}:{address[1]}"
-    return str(address)
+        address = None
+    return peer_text(address)
 
 
 def _describe(exc: BaseException) -> str:

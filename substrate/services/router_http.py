@@ -66,6 +66,7 @@ from substrate.services.router_upstream import (
     Upstream,
     UpstreamGone,
 )
+from substrate.services.tcp_state import peer_text
 
 if TYPE_CHECKING:
     from substrate.services.router import Resolution, Router
@@ -192,25 +193,16 @@ class _Ctx:
 # --- the connection ------------------------------------------------------------------------
 
 
-def _peer(sock: socket.socket) -> str:
+def peer_of(stream: SocketStream, sock: socket.socket | None = None) -> str:
+    """``host:port`` of the client, for logs (from ``sock`` when given: no anyio lookup)."""
     try:
-        address = sock.getpeername()
-    except OSError:  # a peer that vanished has no address
-        return "?"
-    if isinstance(address, tuple):
-        return f"{address[0]}:{address[1]}"
-    return str(address)
-
-
-def peer_of(stream: SocketStream) -> str:
-    """``host:port`` of the client, for logs."""
-    try:
-        address = stream.extra(SocketAttribute.remote_address)
+        if sock is not None:
+            address = sock.getpeername()
+        else:
+            address = stream.extra(SocketAttribute.remote_address)
     except Exception:  # a peer that vanished has no address
-        return "?"
-    if isinstance(address, tuple):
-        return f"{address[0]}:{address[1]}"
-    return str(address)
+        address = None
+    return peer_text(address)
 
 
 async def serve_connection(
@@ -223,7 +215,7 @@ async def serve_connection(
     router got around to reading them, so the park budget and the request timeout bound
     what the client waits even when a burst keeps the router busy.
     """
-    client = ClientConn(stream, peer_of(stream) if sock is None else _peer(sock), sock)
+    client = ClientConn(stream, peer_of(stream, sock), sock)
     port, tunneled = DEFAULT_PORT, False
     router.client_opened(client)
     try:

@@ -25,6 +25,7 @@ from substrate.core.ids import WorkerRef
 from substrate.errors import InvalidArgument, SubstrateError, Unavailable
 from substrate.identity import Identity, TlsFiles
 from substrate.identity.tls import check_peer, client_context
+from substrate.services.tcp_state import has_input
 
 RECEIVE_SIZE: Final = 65536
 MAX_HEAD_BYTES: Final = 64 * 1024
@@ -124,15 +125,7 @@ class Upstream:
         bio = self._bio
         if bio is not None and bio.pending:
             return True
-        fd = -1 if self._sock is None else self._sock.fileno()
-        if fd == -1:
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        try:
-            return bool(poller.poll(0))
-        except OSError:
-            return False
+        return has_input(self._sock, select.POLLIN) is True
 
     def alive(self) -> bool:
         """Whether an idle connection still looks open: nothing to read, not even EOF.
@@ -140,15 +133,7 @@ class Upstream:
         An idle HTTP/1.1 connection has nothing to say; if its socket is readable, the
         peer closed it (or sent bytes nobody asked for), and it must not carry a request.
         """
-        fd = -1 if self._sock is None else self._sock.fileno()
-        if fd == -1:
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        try:
-            return not poller.poll(0)
-        except OSError:
-            return False
+        return has_input(self._sock) is False
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
