@@ -38,7 +38,7 @@ import termios
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import anyio
 import anyio.abc
@@ -58,6 +58,7 @@ from substrate.net.egress_policy import EgressPolicy, EgressUpstream
 from substrate.net.nft_ruleset import check_ifname, check_table_name
 from substrate.net.plan import GATEWAY_ADDRESS, PREFIX_LEN
 from substrate.net.ports import HostNetwork
+from substrate.services.listeners import accept_each
 from substrate.services.sandbox_sockets import set_rst_on_close
 
 SO_ORIGINAL_DST: Final = 80
@@ -458,29 +459,20 @@ class EgressProxy:
     async def _serve(self, actor: _Actor) -> None:
         with actor.scope:
             async with anyio.create_task_group() as tg:
-                while actor.listener.fileno() != -1:
+
+                def accepted(sock: socket.socket, peer: Any) -> None:
                     try:
-                        await anyio.wait_readable(actor.listener)
-                    except (anyio.ClosedResourceError, OSError):
+                        set_rst_on_close(sock)
+                    except OSError:
+                        _reset(sock)
                         return
-                    while actor.listener.fileno() != -1:
-                        try:
-                            sock, peer = actor.listener.accept()
-                        except BlockingIOError:
-                            break
-                        except OSError as exc:  # e.g. out of file descriptors
-                            _log.warning("egress accept failed", actor=actor.uid, error=str(exc))
-                            await anyio.sleep(0.1)
-                            break
-                        sock.setblocking(False)
-                        try:
-                            set_rst_on_close(sock)
-                        except OSError:
-                            _reset(sock)
-                            continue
-                        conn = _Conn(actor_uid=actor.uid, client=sock, client_address=peer)
-                        actor.conns.add(conn)
-                        tg.start_soon(self._handle, actor, conn)
+                    conn = _Conn(actor_uid=actor.uid, client=sock, client_address=peer)
+                    actor.conns.add(conn)
+                    tg.start_soon(self._handle, actor, conn)
+
+                await accept_each(
+                    actor.listener, accepted, label=f"egress {actor.uid}", retry_after=0.1
+                )
 
     def _allowed(self, actor: _Actor, dst: tuple[str, int]) -> bool:
         try:

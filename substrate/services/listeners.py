@@ -17,7 +17,7 @@ import errno
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import anyio
 import anyio.abc
@@ -87,32 +87,52 @@ class Listeners:
     async def _accept_loop(
         self, tg: anyio.abc.TaskGroup, sock: socket.socket, handle: Handler
     ) -> None:
-        while not self._closed:
-            try:
-                await anyio.wait_readable(sock)
-            except (anyio.ClosedResourceError, OSError):
+        def accepted(conn: socket.socket, _peer: Any) -> None:
+            tg.start_soon(_wrap_and_handle, conn, handle)
+
+        await accept_each(sock, accepted, label=self._name)
+
+
+async def accept_each(
+    sock: socket.socket,
+    on_accept: Callable[[socket.socket, Any], None],
+    *,
+    label: str,
+    retry_after: float = RETRY_AFTER_ERROR,
+) -> None:
+    """Accept on the listening socket ``sock`` until it is closed: at each wakeup every
+    pending connection (at most :data:`MAX_BATCH`), each handed to ``on_accept`` as a
+    non-blocking socket with its peer address. ``on_accept`` must not block.
+
+    An accept error other than a connection aborted before it was taken (e.g. out of file
+    descriptors) is logged with ``label`` and retried after ``retry_after`` seconds.
+    """
+    while sock.fileno() != -1:
+        try:
+            await anyio.wait_readable(sock)
+        except (anyio.ClosedResourceError, OSError):
+            return
+        for _ in range(MAX_BATCH):
+            if sock.fileno() == -1:
                 return
-            for _ in range(MAX_BATCH):
-                if self._closed:
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL):  # closed under us
                     return
-                try:
-                    conn, _ = sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    if exc.errno in (errno.EBADF, errno.EINVAL):  # closed under us
-                        return
-                    if exc.errno == errno.ECONNABORTED:
-                        continue
-                    log.warning("accept_failed", listener=self._name, error=str(exc))
-                    await anyio.sleep(RETRY_AFTER_ERROR)
-                    break
-                tg.start_soon(_wrap_and_handle, conn, handle)
+                if exc.errno == errno.ECONNABORTED:
+                    continue
+                log.warning("accept_failed", listener=label, error=str(exc))
+                await anyio.sleep(retry_after)
+                break
+            conn.setblocking(False)
+            on_accept(conn, peer)
 
 
 async def _wrap_and_handle(conn: socket.socket, handle: Handler) -> None:
     try:
-        conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stream = await SocketStream.from_socket(conn)
     except _GONE:  # reset before we got to it
@@ -143,4 +163,4 @@ _LAST_DATA_RECV: Final = 52
 """Offset of ``tcpi_last_data_recv`` (u32, milliseconds) in Linux's ``struct tcp_info``."""
 
 
-__all__ = ["MAX_BATCH", "Listeners", "queued_seconds"]
+__all__ = ["MAX_BATCH", "Listeners", "accept_each", "queued_seconds"]
