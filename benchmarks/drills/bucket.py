@@ -22,15 +22,15 @@ never CRASHED) and resumes with its state, without a revert, once the store is b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Final
 
 import anyio
 
-from benchmarks.drills.cluster import Cluster, ClusterOptions
+from benchmarks.drills.cluster import Cluster
 from benchmarks.drills.common import (
     DrillConfig,
     DrillResult,
+    Progress,
     call_count,
     count_of,
     crashed,
@@ -50,7 +50,6 @@ from benchmarks.drills.timeline import Sample, Timeline, failed, fmt_s, status_c
 from substrate.core.model import ActorState, SuspendMode
 from substrate.errors import SubstrateError
 
-Progress = Callable[[str], None]
 LEAD: Final = 3.0
 AFTER_LIMIT: Final = 90.0
 
@@ -252,14 +251,7 @@ async def drill_bucket(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(
         3, "bucket", f"object store away (refused, dropped; {cfg.bucket_away:g} s)"
     )
-    options = ClusterOptions(
-        nodes=2,
-        workers_per_node=1,
-        max_actors=16,
-        runtime=cfg.runtime,
-        heartbeat_timeout=cfg.heartbeat_timeout,
-        parked_budget=cfg.budget,
-    )
+    options = cfg.cluster_options(nodes=2, max_actors=16)
     async with drill_stack(cfg, result, "3-bucket", options, progress) as cluster:
         c = await cluster.client()
         await setup_template(c, cluster)

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Final
 
 import anyio
 
 from benchmarks.drills import burstload
-from benchmarks.drills.cluster import Cluster, ClusterOptions
+from benchmarks.drills.cluster import Cluster
 from benchmarks.drills.common import (
     DrillConfig,
     DrillResult,
+    Progress,
     crashed,
     create_actors,
     drill_stack,
@@ -45,7 +45,6 @@ from substrate.client import AteClient
 from substrate.core.model import ActorState, SuspendMode
 from substrate.errors import SubstrateError
 
-Progress = Callable[[str], None]
 BURST_CLIENT_TIMEOUT: Final = 60.0
 IDLE_AFTER: Final = 0.5
 
@@ -127,14 +126,8 @@ async def drill_burst(cfg: DrillConfig, progress: Progress) -> DrillResult:
         "burst",
         f"a burst: {cfg.burst_requests:,} requests, {cfg.burst_actors} actors, {slots} slots",
     )
-    options = ClusterOptions(
-        nodes=cfg.burst_workers,
-        workers_per_node=1,
-        max_actors=cfg.burst_slots,
-        runtime=cfg.runtime,
-        heartbeat_timeout=cfg.heartbeat_timeout,
-        parked_budget=cfg.budget,
-        parked_max=cfg.burst_lot,
+    options = cfg.cluster_options(
+        nodes=cfg.burst_workers, max_actors=cfg.burst_slots, parked_max=cfg.burst_lot
     )
     async with drill_stack(cfg, result, "6-burst", options, progress) as cluster:
         await _run(cfg, result, cluster, progress)

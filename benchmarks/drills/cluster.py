@@ -47,7 +47,7 @@ import attrs
 from benchmarks.drills.faults import PrivatePostgres, TcpProxy, free_port
 from substrate.adapters.gvisor import procfs
 from substrate.adapters.objectstore import ObjectStoreOptions
-from substrate.cli.stack import admin_get, choose_runtime, down
+from substrate.cli.stack import admin_get, choose_runtime, down, spawn
 from substrate.client import AteClient
 from substrate.client.local import (
     CLIENT_TLS_NAME,
@@ -386,28 +386,7 @@ class Cluster:
         os.replace(tmp, path)
 
     def _spawn(self, name: str, argv: list[str]) -> ProcessRecord:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = self.logs / f"{name}.log"
-        full = [sys.executable, "-m", *argv]
-        pid = os.posix_spawn(
-            sys.executable,
-            full,
-            self.env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-            setsid=True,
-        )
-        st = procfs.read_stat(pid)
-        record = ProcessRecord(
-            name=name,
-            pid=pid,
-            start_ticks=st.start_ticks if st else 0,
-            log=str(log),
-            argv=tuple(full),
-        )
+        record = spawn(name, argv, logs=self.logs, env=self.env, python=sys.executable)
         self.records[name] = record
         self.argv[name] = argv
         self._write_state()

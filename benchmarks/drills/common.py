@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 import anyio
 import attrs
 
-from benchmarks.drills.cluster import Cluster, ClusterOptions
+from benchmarks.drills.cluster import Cluster, ClusterOptions, Progress
 from benchmarks.drills.timeline import Timeline
 from substrate.client import AteClient
 from substrate.client.http import call_actor
@@ -75,6 +75,19 @@ class DrillConfig:
     suspended_every: float = 5.0
     keep: bool = False
     """Keep the stacks' state directories (logs) after a drill that passed."""
+
+    def cluster_options(self, *, nodes: int, max_actors: int, **more: object) -> ClusterOptions:
+        """A drill's stack: ``nodes`` nodes of one worker with ``max_actors`` slots each,
+        this run's runtime, heartbeat timeout and park budget; ``more`` sets the rest."""
+        return ClusterOptions(
+            nodes=nodes,
+            workers_per_node=1,
+            max_actors=max_actors,
+            runtime=self.runtime,
+            heartbeat_timeout=self.heartbeat_timeout,
+            parked_budget=self.budget,
+            **more,  # type: ignore[arg-type]
+        )
 
     @classmethod
     def short(cls, out: Path, **changes: object) -> DrillConfig:
@@ -360,5 +373,6 @@ __all__ = [
     "DrillConfig",
     "DrillResult",
     "Figure",
+    "Progress",
     "drill_stack",
 ]

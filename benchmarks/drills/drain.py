@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from typing import Final
 
 import anyio
 
-from benchmarks.drills.cluster import Cluster, ClusterOptions
+from benchmarks.drills.cluster import Cluster
 from benchmarks.drills.common import (
     DrillConfig,
     DrillResult,
+    Progress,
     count_of,
     crashed,
     create_actors,
@@ -42,7 +42,6 @@ from benchmarks.drills.streams import Streams, request
 from benchmarks.drills.timeline import Timeline, failed, fmt_s, status_counts, within
 from substrate.core.model import ActorState, WorkerState
 
-Progress = Callable[[str], None]
 LEAD: Final = 3.0
 
 ORIGINAL: Final = {
@@ -57,14 +56,7 @@ ORIGINAL: Final = {
 
 async def drill_drain(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(5, "drain", "a drained worker")
-    options = ClusterOptions(
-        nodes=2,
-        workers_per_node=1,
-        max_actors=16,
-        runtime=cfg.runtime,
-        heartbeat_timeout=cfg.heartbeat_timeout,
-        parked_budget=cfg.budget,
-    )
+    options = cfg.cluster_options(nodes=2, max_actors=16)
     async with drill_stack(cfg, result, "5-drain", options, progress) as cluster:
         await _run(cfg, result, cluster, progress)
     return result

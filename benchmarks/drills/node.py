@@ -27,15 +27,15 @@ state once its worker registered; no actor is left in a transient state.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Final
 
 import anyio
 
-from benchmarks.drills.cluster import Cluster, ClusterOptions
+from benchmarks.drills.cluster import Cluster
 from benchmarks.drills.common import (
     DrillConfig,
     DrillResult,
+    Progress,
     call_count,
     count_of,
     crashed,
@@ -56,7 +56,6 @@ from substrate.client import AteClient
 from substrate.core.model import ActorState, SuspendMode, WorkerState
 from substrate.errors import SubstrateError
 
-Progress = Callable[[str], None]
 LEAD: Final = 3.0
 VICTIMS: Final = ("node-2", "node-3")
 KINDS: Final = ("run", "sync", "async", "paused")
@@ -152,14 +151,7 @@ class Watch:
 
 async def drill_node(cfg: DrillConfig, progress: Progress) -> DrillResult:
     result = DrillResult(4, "node", f"nodes stopped: one back after {cfg.node_down:g} s, one not")
-    options = ClusterOptions(
-        nodes=3,
-        workers_per_node=1,
-        max_actors=16,
-        runtime=cfg.runtime,
-        heartbeat_timeout=cfg.heartbeat_timeout,
-        parked_budget=cfg.budget,
-    )
+    options = cfg.cluster_options(nodes=3, max_actors=16)
     async with drill_stack(cfg, result, "4-node", options, progress) as cluster:
         await _run(cfg, result, cluster, progress)
     return result

@@ -30,6 +30,7 @@ from benchmarks.drills.cluster import Cluster, ClusterOptions
 from benchmarks.drills.common import (
     DrillConfig,
     DrillResult,
+    Progress,
     call_count,
     crashed,
     create_actors,
@@ -55,8 +56,6 @@ LEAD: Final = 5.0
 TAIL: Final = 12.0
 RECOVERY_GOAL: Final = 2.0
 PROBE_ACTORS: Final = 12
-
-Progress = Callable[[str], None]
 
 
 async def _outage(
@@ -275,15 +274,7 @@ ORIGINAL: Final[dict[str, dict[str, str]]] = {
 
 
 def _options(cfg: DrillConfig, **changes: object) -> ClusterOptions:
-    return ClusterOptions(
-        nodes=2,
-        workers_per_node=1,
-        max_actors=64,
-        runtime=cfg.runtime,
-        heartbeat_timeout=cfg.heartbeat_timeout,
-        parked_budget=cfg.budget,
-        **changes,  # type: ignore[arg-type]
-    )
+    return cfg.cluster_options(nodes=2, max_actors=64, **changes)
 
 
 async def drill_postgres(cfg: DrillConfig, progress: Progress) -> DrillResult:

@@ -10,12 +10,11 @@ from typing import Final
 
 from benchmarks.drills.bucket import drill_bucket
 from benchmarks.drills.burst import drill_burst
-from benchmarks.drills.common import DrillConfig, DrillResult
+from benchmarks.drills.common import DrillConfig, DrillResult, Progress
 from benchmarks.drills.drain import drill_drain
 from benchmarks.drills.node import drill_node
 from benchmarks.drills.outage import drill_ateapi, drill_postgres
 
-Progress = Callable[[str], None]
 Drill = Callable[[DrillConfig, Progress], Awaitable[DrillResult]]
 
 DRILLS: Final[dict[int, tuple[str, Drill]]] = {
