@@ -58,7 +58,7 @@ from substrate.net.egress_policy import EgressPolicy, EgressUpstream
 from substrate.net.nft_ruleset import check_ifname, check_table_name
 from substrate.net.plan import GATEWAY_ADDRESS, PREFIX_LEN
 from substrate.net.ports import HostNetwork
-from substrate.services.listeners import accept_each
+from substrate.services.listeners import accept_each, close_watched
 from substrate.services.sandbox_sockets import set_rst_on_close
 
 SO_ORIGINAL_DST: Final = 80
@@ -452,9 +452,7 @@ class EgressProxy:
     def _shut(self, actor: _Actor) -> None:
         self._abort(actor)
         actor.scope.cancel()
-        if actor.listener.fileno() != -1:
-            anyio.notify_closing(actor.listener)
-            actor.listener.close()
+        close_watched(actor.listener)
 
     async def _serve(self, actor: _Actor) -> None:
         with actor.scope:

@@ -76,9 +76,15 @@ class Listeners:
         if self._closed:
             return
         self._closed = True
+        # Wake each accept loop and close its socket in one step, with no await between:
+        # anyio's listener ``aclose()`` yields once before closing, and an accept loop that
+        # a new connection had just woken would watch the socket again in that turn; the
+        # socket closed under that watch left the event loop's selector holding a stale
+        # entry, and the next socket to get the same descriptor number could not be waited
+        # on (the router's next dial failed with ENOENT).
         for listener in self._listeners:
             with contextlib.suppress(Exception):
-                anyio.notify_closing(listener.extra(SocketAttribute.raw_socket))
+                close_watched(listener.extra(SocketAttribute.raw_socket))
         with anyio.CancelScope(shield=True):
             for listener in self._listeners:
                 with contextlib.suppress(Exception):
@@ -131,6 +137,16 @@ async def accept_each(
             on_accept(conn, peer)
 
 
+def close_watched(sock: socket.socket) -> None:
+    """Close ``sock``, first waking (with ``ClosedResourceError``) any task waiting for it
+    to be readable or writable, in the same step. Closing a socket a task still waits on
+    leaves the selector watching a number the kernel may hand to the next socket."""
+    if sock.fileno() == -1:
+        return
+    anyio.notify_closing(sock)
+    sock.close()
+
+
 async def _wrap_and_handle(conn: socket.socket, handle: Handler) -> None:
     try:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -163,4 +179,4 @@ _LAST_DATA_RECV: Final = 52
 """Offset of ``tcpi_last_data_recv`` (u32, milliseconds) in Linux's ``struct tcp_info``."""
 
 
-__all__ = ["MAX_BATCH", "Listeners", "accept_each", "queued_seconds"]
+__all__ = ["MAX_BATCH", "Listeners", "accept_each", "close_watched", "queued_seconds"]

@@ -4,6 +4,7 @@ shared by a flight, shedding, disabled mode, departing clients, deadlines, /stat
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -280,7 +281,11 @@ async def test_a_deadline_the_flight_cannot_meet_is_answered_at_once(tmp_path: P
             answer = await get(s.port, A, ate_request_timeout_ms="100")
             assert anyio.current_time() - started < 0.4
             assert answer.status == 503
-            assert "the request allows 100 ms but the next resume attempt" in answer.text
+            # what is left of the 100 ms when the router decides: the clock starts when
+            # the request reached the host, so a few ms may be gone already
+            left = re.search(r"the request allows (\d+) ms but the next resume", answer.text)
+            assert left is not None, answer.text
+            assert 50 <= int(left.group(1)) <= 100
             assert answer.headers["retry-after"] == "1"
             assert metric(s, "atenet_router_deadline_rejections_total") == 1
             tg.cancel_scope.cancel()
