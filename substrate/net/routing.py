@@ -502,10 +502,17 @@ class RequestRecord:
     status: int
     outcome: RouteOutcome
     seconds: float
+    """From arrival (the kernel's receipt of the request) to the end of the answer."""
     resolution: str = ""
     """``cache``, ``resume``, ``last-known`` or empty (not resolved)."""
     worker: str = ""
     provenance: str = ""
+    queued_seconds: float = 0.0
+    """Of ``seconds``: waiting in the kernel (accept queue, socket buffer) before the router
+    read the request."""
+    route_seconds: float | None = None
+    """Of ``seconds``: from arrival until a route was in hand (a cache hit, or the end of a
+    park); None if the request never got one. The rest is the exchange with the worker."""
 
 
 class RecentRequests:

@@ -366,6 +366,10 @@ class Router:
             status=record.status,
             outcome=record.outcome.value,
             ms=round(record.seconds * 1000, 3),
+            queued_ms=round(record.queued_seconds * 1000, 3),
+            route_ms=(
+                None if record.route_seconds is None else round(record.route_seconds * 1000, 3)
+            ),
             via=record.resolution,
             worker=record.worker,
             provenance=record.provenance,

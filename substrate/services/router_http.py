@@ -167,8 +167,14 @@ class _Ctx:
     resolution: str = ""
     worker: str = ""
     provenance: str = ""
+    queued: float = 0.0
+    """Seconds the request waited in the kernel before the router read it."""
+    routed: float | None = None
+    """Clock time a route was first in hand (after any park), None if never."""
 
-    def resolved(self, resolution: Resolution) -> None:
+    def resolved(self, resolution: Resolution, now: float) -> None:
+        if self.routed is None:
+            self.routed = now
         self.resolution = resolution.via
         self.worker = str(resolution.route.worker)
         if resolution.result is not None:
@@ -184,6 +190,8 @@ class _Ctx:
             status=self.status,
             outcome=self.outcome,
             seconds=max(now - self.started, 0.0),
+            queued_seconds=self.queued,
+            route_seconds=None if self.routed is None else max(self.routed - self.started, 0.0),
             resolution=self.resolution,
             worker=self.worker,
             provenance=self.provenance,
@@ -234,6 +242,7 @@ async def serve_connection(
                 method=request.method.decode("latin-1"),
                 target=redact_target(request.target.decode("latin-1")),
                 port=port,
+                queued=queued,
             )
             client.method = request.method
             keep = False
@@ -597,7 +606,7 @@ async def _forward(
     unreachable_retry = True
     fresh = False
     while True:
-        ctx.resolved(resolution)
+        ctx.resolved(resolution, router.clock())
         extra = () if resolution.result is None else provenance_headers(resolution.result)
         try:
             upstream, route = await router.connect(resolution.route, fresh=fresh)

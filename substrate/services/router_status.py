@@ -78,6 +78,8 @@ def status_snapshot(router: Router) -> dict[str, Any]:
                 "status": r.status,
                 "outcome": r.outcome.value,
                 "ms": round(r.seconds * 1000, 3),
+                "queued_ms": round(r.queued_seconds * 1000, 3),
+                "route_ms": None if r.route_seconds is None else round(r.route_seconds * 1000, 3),
                 "resolution": r.resolution,
                 "worker": r.worker,
                 "provenance": r.provenance,

@@ -174,6 +174,10 @@ async def test_the_budget_counts_from_when_the_request_reached_the_host(tmp_path
         assert NO_ROOM.encode() in data
         assert 0.9 <= waited < 1.35  # the budget from arrival, not 1.5 s (0.5 + 1.0)
         assert metric(s, WAIT, outcome="budget_exhausted") == 1
+        (record,) = s.r.recent.snapshot()
+        assert 0.45 <= record.queued_seconds <= 0.6  # reported apart in the request log
+        assert record.route_seconds is None
+        assert 0.9 <= record.seconds < 1.35
 
 
 async def test_a_late_joiner_shares_the_flights_budget(tmp_path: Path) -> None:
@@ -358,6 +362,10 @@ async def test_metrics_and_statusz(tmp_path: Path) -> None:
         assert [r["target"] for r in requests] == ["/", "/readyz?<redacted>", "/?<redacted>"]
         assert [r["resolution"] for r in requests] == ["", "cache", "resume"]
         assert requests[2]["provenance"] == "local"
+        assert requests[0]["route_ms"] is None  # not found: never had a route
+        assert 0 < requests[1]["route_ms"] <= requests[1]["ms"]
+        assert 0 < requests[2]["route_ms"] <= requests[2]["ms"]
+        assert all(r["queued_ms"] >= 0 for r in requests)
         assert json.loads(render_json(snapshot))["parking"]["max_parked"] == 7
         page = render_html(snapshot)
         assert "Request Parking" in page
