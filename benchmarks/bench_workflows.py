@@ -1,13 +1,17 @@
 """Resume+suspend cycles per second through ActorService with fake nodes: memory vs PostgreSQL.
 
     python benchmarks/bench_workflows.py [--actors 32] [--seconds 5] [--runs 5] [--pg DSN]
-                                         [--only memory|postgresql]
+                                         [--only memory|postgresql] [--full]
 
 ``--pg`` may name a Unix socket, e.g. ``postgresql://postgres@/postgres?host=/var/run/postgresql``.
 
 Each cycle is a full resume (lease, load, schedule, bind transaction, node start, finalize)
 followed by an ASYNC suspend (lease, mark, node checkpoint, finalize, release). Prints the
 median cycles/s over the runs for each store, and the ratio.
+
+With ``--full`` every worker slot is taken first and the actors' resumes are all refused
+("no worker has room"): refused resumes/s, what parked routers' retries cost ateapi when
+the fleet is saturated (drill 6).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from substrate.core.model import (
     Worker,
 )
 from substrate.core.ports import Store
+from substrate.errors import ResourceExhausted
 from substrate.services.actors import ActorService, ServiceConfig
 from substrate.services.worker_cache import WorkerCache
 from substrate.testing.fake_node import FakeNodes
@@ -75,8 +80,20 @@ async def memory_store() -> AsyncIterator[Store]:
 
 
 async def run_once(kind: str, dsn: str, actors: int, seconds: float) -> float:
+    """Resume+suspend cycles per second."""
+    return await _run(kind, dsn, actors, seconds, full=False)
+
+
+async def run_refusals(kind: str, dsn: str, actors: int, seconds: float) -> float:
+    """Refused resumes per second: every slot of the fleet is taken, so each ResumeActor
+    ends "no worker has room" (what parked routers' retries cost ateapi under saturation)."""
+    return await _run(kind, dsn, actors, seconds, full=True)
+
+
+async def _run(kind: str, dsn: str, actors: int, seconds: float, *, full: bool) -> float:
     opener = pg_store(dsn) if kind == "postgresql" else memory_store()
     ids = itertools.count()
+    slots = 1 if full else 64
     async with opener as store:
         fake = FakeNodes()
         cache = WorkerCache(store, relist_every=3600)
@@ -100,9 +117,11 @@ async def run_once(kind: str, dsn: str, actors: int, seconds: float) -> float:
                     snapshot_config=SnapshotConfig(storage_location="memory://bench"),
                 )
             )
+            workers: list[WorkerRef] = []
             for n in range(2):
                 node = NodeRef(name=f"n{n}")
                 refs = [WorkerRef(name=f"w{n}-{i}") for i in range(4)]
+                workers += refs
                 fake.add_node(node, refs)
                 for ref in refs:
                     await svc.register_worker(
@@ -111,7 +130,7 @@ async def run_once(kind: str, dsn: str, actors: int, seconds: float) -> float:
                             node=node,
                             sandbox_class=SandboxClass.FAKE,
                             epoch=1,
-                            capacity=Capacity(cpu_milli=64000, memory_bytes=1 << 36, actors=64),
+                            capacity=Capacity(cpu_milli=64000, memory_bytes=1 << 36, actors=slots),
                         )
                     )
             await cache.wait_ready()
@@ -120,11 +139,24 @@ async def run_once(kind: str, dsn: str, actors: int, seconds: float) -> float:
                 a = await svc.create_actor(ActorRef(atespace="bench", name=f"a{i}"), template=t.ref)
                 refs.append(a.ref)
             done = 0
+            if full:  # one actor per worker takes every slot; the others are refused
+                for filler in range(len(workers)):
+                    a = await svc.create_actor(
+                        ActorRef(atespace="bench", name=f"f{filler}"), template=t.ref
+                    )
+                    await svc.resume(a.ref)
             deadline = time.perf_counter() + seconds
 
             async def cycle(ref: ActorRef) -> None:
                 nonlocal done
                 while time.perf_counter() < deadline:
+                    if full:
+                        try:
+                            await svc.resume(ref)
+                        except ResourceExhausted:
+                            done += 1
+                            continue
+                        raise AssertionError(f"{ref} was placed on a full fleet")
                     await svc.resume(ref)
                     await svc.suspend(ref)
                     done += 1
@@ -147,21 +179,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only", choices=("memory", "postgresql"), default=None, help="run one store only"
     )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="measure refused resumes/s on a fleet with every slot taken instead of cycles/s",
+    )
     args = p.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    print(
-        f"resume+suspend cycles/s, {args.actors} concurrent actors, "
-        f"{args.runs} runs of {args.seconds:.0f} s"
+    what, unit, fn = (
+        ("refused resumes/s (every slot taken)", "refusals/s", run_refusals)
+        if args.full
+        else ("resume+suspend cycles/s", "cycles/s", run_once)
     )
+    print(f"{what}, {args.actors} concurrent actors, {args.runs} runs of {args.seconds:.0f} s")
     medians = {}
     kinds = (args.only,) if args.only else ("memory", "postgresql")
     for kind in kinds:
-        rates = [
-            anyio.run(run_once, kind, args.pg, args.actors, args.seconds) for _ in range(args.runs)
-        ]
+        rates = [anyio.run(fn, kind, args.pg, args.actors, args.seconds) for _ in range(args.runs)]
         medians[kind] = statistics.median(rates)
         runs = ", ".join(f"{r:.0f}" for r in rates)
-        print(f"  {kind:<10} median {medians[kind]:8.1f} cycles/s  (runs: {runs})")
+        print(f"  {kind:<10} median {medians[kind]:8.1f} {unit}  (runs: {runs})")
     if len(medians) == 2:
         print(f"  postgresql / memory: {medians['postgresql'] / medians['memory']:.2f}")
     return 0

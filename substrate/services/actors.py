@@ -96,6 +96,10 @@ from substrate.snapshot import (
 
 log = structlog.get_logger("substrate.actors")
 
+_PROBE_RNG = random.Random(0)
+"""For :meth:`ActorService._refuse_if_full`, which only asks whether any worker qualifies:
+its pick is discarded, so it must not draw from the service's own ``rng``."""
+
 TRANSIENT = (Unavailable, DeadlineExceeded)
 """Errors after which a step may be retried: nothing irreversible is known to have happened."""
 
@@ -396,6 +400,8 @@ class ActorService:
             return ResumeResult(actor=actor, resumed=False)
         async with workflow("resume", self.metrics, actor=ref) as steps:
             started = time.perf_counter()
+            if actor.state in (ActorState.SUSPENDED, ActorState.PAUSED):
+                self._refuse_if_full(actor, await self._template_for(actor), steps)
             try:
                 async with self._lease(ref):
                     result = await self._resume_locked(ref, steps)
@@ -505,6 +511,47 @@ class ActorService:
             snapshot_age_seconds=age,
         )
 
+    def _refuse_if_full(self, actor: Actor, template: ActorTemplate, steps: Steps) -> None:
+        """Refuse at once, before taking the lease, when no worker anywhere has room.
+
+        Under saturation most ResumeActor calls are parked routers' retries that end "no
+        worker has room"; answering those from the worker index skips the lease's two
+        writes and the reload. Only a certain refusal is answered here: the check ignores
+        the node pin (a pinned actor whose node is full may still be detached and placed
+        elsewhere), uses the same index the placement itself would, and books nothing. Any
+        room at all, or an index not ready, goes the usual way under the lease.
+        """
+        if not self.workers.ready:
+            return
+        index = self.workers.require_ready()
+        c = self._constraints(actor, template, self.workers.live_nodes()).unpinned()
+        t0 = time.perf_counter()
+        try:
+            index.schedule(c, rng=_PROBE_RNG)
+        except ResourceExhausted:
+            self.metrics.scheduler_decision("no_room", time.perf_counter() - t0)
+            steps.note(refused_before_lease=True)
+            raise ResourceExhausted("no worker has room for the actor") from None
+
+    @staticmethod
+    def _constraints(
+        actor: Actor, template: ActorTemplate, live: frozenset[NodeRef]
+    ) -> Constraints:
+        """What a worker must offer to take ``actor`` now (its newest usable snapshot's
+        runtime and node preference, the template's resources and selectors)."""
+        snapshot = newest_usable(actor, live)
+        fidelity = None
+        if (
+            snapshot is not None
+            and snapshot.template_uid
+            and template.metadata.uid
+            and snapshot.template_uid != template.metadata.uid
+        ):
+            fidelity = Fidelity.VOLUMES
+        return constraints_for(
+            template=template, actor=actor, snapshot=snapshot, restore_fidelity=fidelity
+        )
+
     async def _revalidate_resuming(self, actor: Actor, steps: Steps) -> Actor:
         """A RESUMING actor found by a new workflow: keep its worker if still valid."""
         a = actor.status.assignment
@@ -545,18 +592,7 @@ class ActorService:
         for attempt in range(cfg.assign_attempts):
             index = self.workers.require_ready()
             live = self.workers.live_nodes()
-            snapshot = newest_usable(actor, live)
-            fidelity = None
-            if (
-                snapshot is not None
-                and snapshot.template_uid
-                and template.metadata.uid
-                and snapshot.template_uid != template.metadata.uid
-            ):
-                fidelity = Fidelity.VOLUMES
-            c = constraints_for(
-                template=template, actor=actor, snapshot=snapshot, restore_fidelity=fidelity
-            )
+            c = self._constraints(actor, template, live)
             if c.required_node is None:
                 c = attrs.evolve(c, required_node=pin_node(actor))
             t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from substrate.core.model import (
     Worker,
     WorkerState,
 )
+from substrate.core.ports import Lease
 from substrate.errors import (
     Aborted,
     FailedPrecondition,
@@ -216,6 +217,35 @@ async def test_full_fleet_is_resource_exhausted(make_store: StoreFactory) -> Non
         with pytest.raises(ResourceExhausted, match="no worker has room for the actor"):
             await c.svc.resume(b.ref)
         assert (await c.actor("a2")).state is ActorState.SUSPENDED
+
+
+async def test_a_full_fleet_refuses_a_resume_without_taking_the_lease(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parked routers' retries under saturation: answered from the worker index."""
+    async with cluster(make_store, nodes=1, workers_per_node=1, slots=1) as c:
+        await c.svc.resume((await c.new_actor("a1")).ref)
+        b = await c.new_actor("a2")
+        leases: list[str] = []
+        acquire = c.store.acquire_lease
+
+        async def counted(key: str, *, ttl: float) -> Lease:
+            leases.append(key)
+            return await acquire(key, ttl=ttl)
+
+        monkeypatch.setattr(c.store, "acquire_lease", counted)
+        for _ in range(3):
+            with pytest.raises(ResourceExhausted, match="no worker has room for the actor"):
+                await c.svc.resume(b.ref)
+        assert leases == []
+        after = await c.actor("a2")
+        assert after.state is ActorState.SUSPENDED
+        assert after.metadata.version == b.metadata.version  # not even touched
+        # room again: the same call goes the usual way, under the lease
+        await c.svc.suspend((await c.actor("a1")).ref)
+        leases.clear()
+        assert (await c.svc.resume(b.ref)).actor.state is ActorState.RUNNING
+        assert leases == [b.ref.lease_key]
 
 
 async def test_pinned_node_full_detaches_and_relocates_with_state(make_store: StoreFactory) -> None:
