@@ -102,10 +102,11 @@ class IdleSuspender:
 
 
 async def router_totals(cluster: Cluster) -> dict[str, float]:
-    """From the router's ``/metrics``: ``route_sum``/``route_count`` (request head to end
-    of answer, all outcomes) and ``resume_calls`` (ResumeActor calls, all codes)."""
+    """From the router's ``/metrics``: ``route_sum``/``route_count`` (arrival to the end of
+    the answer, all outcomes), ``queued_sum`` (of that, waiting in the kernel before the
+    router read the request) and ``resume_calls`` (ResumeActor calls, all codes)."""
     status, text = await admin_get(cluster.router_admin, "/metrics", timeout=5.0)
-    out = {"route_sum": 0.0, "route_count": 0.0, "resume_calls": 0.0}
+    out = {"route_sum": 0.0, "route_count": 0.0, "queued_sum": 0.0, "resume_calls": 0.0}
     if status != 200:
         return out
     for line in text.splitlines():
@@ -114,6 +115,8 @@ async def router_totals(cluster: Cluster) -> dict[str, float]:
             out["route_sum"] += float(value)
         elif name.startswith("atenet_router_route_duration_seconds_count"):
             out["route_count"] += float(value)
+        elif name.startswith("atenet_router_request_queued_duration_seconds_sum"):
+            out["queued_sum"] += float(value)
         elif name.startswith("atenet_router_resume_calls_total"):
             out["resume_calls"] += float(value)
     return out
@@ -252,12 +255,13 @@ async def _run(cfg: DrillConfig, result: DrillResult, cluster: Cluster, progress
     client_mean = sum(latencies) / len(latencies) if latencies else 0.0
     count = totals["route_count"]
     router_mean = totals["route_sum"] / count if count else 0.0
+    queued_mean = totals["queued_sum"] / count if count else 0.0
     result.notes.append(
-        f"mean time per request: {client_mean:.2f} s at the client, {router_mean:.2f} s in the "
-        f"router from the request's head to the end of its answer ({count:.0f} requests); "
-        "the difference is spent before the router reads the request (accept queue; the "
-        f"router's loop also made {totals['resume_calls']:.0f} ResumeActor calls in "
-        f"{burst_s:.1f} s for the parked flights' retries)"
+        f"mean time per request: {client_mean:.2f} s at the client; {router_mean:.2f} s by "
+        "the router's clock, from the request's arrival (TCP_INFO) to the end of its answer "
+        f"({count:.0f} requests), of which {queued_mean:.2f} s waiting in the kernel before "
+        f"the router read it; the router made {totals['resume_calls']:.0f} ResumeActor "
+        f"calls in {burst_s:.1f} s for the parked flights and their retries"
     )
     ok = len(burst) - len(failed(burst))
     left, _ = await wait_settled(c, timeout=20)

@@ -119,6 +119,9 @@ class RouterMetrics(ParkingMetrics, Protocol):
     def route_finished(self, outcome: RouteOutcome, seconds: float) -> None:
         """``route.duration``: once per request, with how the router ended it."""
 
+    def request_queued(self, seconds: float) -> None:
+        """Once per request: how long it waited in the kernel before the router read it."""
+
     def resume_call(self, code: str, seconds: float) -> None:
         """One ResumeActor call answered (``OK`` or the error's gRPC code name)."""
 
@@ -357,6 +360,7 @@ class Router:
         self.recent.add(record)
         if self.metrics is not None:
             self.metrics.route_finished(record.outcome, record.seconds)
+            self.metrics.request_queued(record.queued_seconds)
         log.info(
             "router.request",
             method=record.method,

@@ -176,6 +176,7 @@ async def test_the_budget_counts_from_when_the_request_reached_the_host(tmp_path
         assert metric(s, WAIT, outcome="budget_exhausted") == 1
         (record,) = s.r.recent.snapshot()
         assert 0.45 <= record.queued_seconds <= 0.6  # reported apart in the request log
+        assert 0.45 <= metric(s, "atenet_router_request_queued_duration_seconds_sum") <= 0.6
         assert record.route_seconds is None
         assert 0.9 <= record.seconds < 1.35
 

@@ -13,6 +13,11 @@ counters ``_total``:
 ``atenet_router_route_duration_seconds``               whole request, label ``outcome`` (ok |
                                                        not_found | bad_request | unavailable |
                                                        timeout | cancelled | error)
+``atenet_router_request_queued_duration_seconds``      time a request waited in the kernel (accept
+                                                       queue, socket buffer) before the router read
+                                                       it; included in the route duration. Ours,
+                                                       not the seed's: it grows when the router
+                                                       itself is the bottleneck
 ``atenet_router_resume_calls_total``                   ResumeActor calls by gRPC ``code``
 ``atenet_router_resume_call_duration_seconds``         their latency
 ``atenet_router_stale_assignments_total``              atunnel 421 + stale: evicted and retried
@@ -77,6 +82,12 @@ class PrometheusRouterMetrics:
             registry=self.registry,
             buckets=ROUTE_BUCKETS,
         )
+        self.queued = Histogram(
+            "atenet_router_request_queued_duration_seconds",
+            "Time a request waited in the kernel before the router read it.",
+            registry=self.registry,
+            buckets=ROUTE_BUCKETS,
+        )
         self.resume_calls = Counter(
             "atenet_router_resume_calls",
             "ResumeActor calls to ateapi by gRPC code.",
@@ -124,6 +135,9 @@ class PrometheusRouterMetrics:
 
     def route_finished(self, outcome: RouteOutcome, seconds: float) -> None:
         self.route.labels(outcome.value).observe(seconds)
+
+    def request_queued(self, seconds: float) -> None:
+        self.queued.observe(seconds)
 
     def resume_call(self, code: str, seconds: float) -> None:
         self.resume_calls.labels(code).inc()
