@@ -33,6 +33,7 @@ from __future__ import annotations
 import ssl as _ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -40,7 +41,7 @@ import attrs
 import betterproto
 import structlog
 from grpclib.client import Channel
-from grpclib.const import Cardinality, Status
+from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
@@ -49,7 +50,7 @@ from substrate.api import convert, pb
 from substrate.api.authz import ALLOW, HEALTH_SERVICE, Decision, split_path
 from substrate.api.server import RequestCodec, Serving, _health_handlers, started
 from substrate.api.status import grpc_errors
-from substrate.client._async import _close_channel, isolated, transport_errors
+from substrate.client._async import _close_channel, transport_errors, unary_call
 from substrate.core.agent_ports import (
     CheckpointRequest,
     CheckpointResult,
@@ -77,7 +78,7 @@ from substrate.identity.spiffe import (
     SpiffeId,
     validate_trust_domain,
 )
-from substrate.identity.tls import check_peer, peer_identity
+from substrate.identity.tls import PeerCert, check_peer, peer_identity
 
 if TYPE_CHECKING:
     from substrate.services.worker_cache import WorkerCache
@@ -373,36 +374,30 @@ class GrpcNodeAgent:
             ) from exc
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
-        """One unary call, in a task of its own (see :func:`~substrate.client._async.isolated`)."""
+        check = None if self.server_id is None else partial(self._check_server, self.server_id)
         self._inflight += 1
         try:
             with self._errors(method):
-                response = await isolated(self._exchange, method, request, reply)
+                return await unary_call(
+                    self._channel,
+                    _PATH + method,
+                    request,
+                    reply,
+                    timeout=self.timeout,
+                    where=self._where,
+                    check_server=check,
+                )
         finally:
             self._inflight -= 1
             if self._retired and self._inflight == 0:
                 self._channel.close()
-        if response is None:
-            raise Internal(f"{method} on {self._where} returned no message")
-        return response
 
-    async def _exchange(
-        self, method: str, request: betterproto.Message, reply: type[_Reply]
-    ) -> _Reply | None:
-        async with self._channel.request(
-            _PATH + method, Cardinality.UNARY_UNARY, type(request), reply, timeout=self.timeout
-        ) as stream:
-            await stream.send_request()
-            if self.server_id is not None:
-                # Checked after the handshake, before the request's body is sent.
-                try:
-                    check_peer(stream.peer.cert() if stream.peer else None, self.server_id)
-                except Unauthenticated as exc:
-                    raise Unavailable(
-                        f"{self._where} is not the node's atelet: {exc.description}"
-                    ) from exc
-            await stream.send_message(request, end=True)
-            return await stream.recv_message()
+    def _check_server(self, server_id: SpiffeId, cert: PeerCert | None) -> None:
+        """The server must be the node's atelet; Unavailable if it is not."""
+        try:
+            check_peer(cert, server_id)
+        except Unauthenticated as exc:
+            raise Unavailable(f"{self._where} is not the node's atelet: {exc.description}") from exc
 
     def _decode(self, method: str, fn: Callable[[_Reply], _T], reply: _Reply) -> _T:
         try:

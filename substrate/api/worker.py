@@ -21,17 +21,16 @@ from typing import Any, TypeVar
 import betterproto
 import structlog
 from grpclib.client import Channel
-from grpclib.const import Cardinality, Status
+from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
 from substrate.api import convert, pb
 from substrate.api.server import RequestCodec
 from substrate.api.status import grpc_errors
-from substrate.client._async import _close_channel, isolated, transport_errors
+from substrate.client._async import _close_channel, transport_errors, unary_call
 from substrate.core.ids import ActorRef, NodeRef, WorkerRef
 from substrate.errors import (
-    Internal,
     InvalidArgument,
     SubstrateError,
 )
@@ -361,19 +360,14 @@ class GrpcWorker:
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
         with self._errors(method):
-            response = await isolated(self._exchange, method, request, reply)
-        if response is None:
-            raise Internal(f"{method} on the worker at {self.socket_path} returned no message")
-        return response
-
-    async def _exchange(
-        self, method: str, request: betterproto.Message, reply: type[_Reply]
-    ) -> _Reply | None:
-        async with self._channel.request(
-            _PATH + method, Cardinality.UNARY_UNARY, type(request), reply, timeout=self.timeout
-        ) as stream:
-            await stream.send_message(request, end=True)
-            return await stream.recv_message()
+            return await unary_call(
+                self._channel,
+                _PATH + method,
+                request,
+                reply,
+                timeout=self.timeout,
+                where=f"the worker at {self.socket_path}",
+            )
 
     async def info(self) -> WorkerInfo:
         reply = await self._call(

@@ -8,6 +8,7 @@ import ssl
 from asyncio.trsock import TransportSocket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar, TypeVarTuple
 
@@ -41,7 +42,7 @@ from substrate.errors import (
 from substrate.identity.ca import spiffe_ids_of
 from substrate.identity.files import TlsFiles
 from substrate.identity.spiffe import Identity, SpiffeId
-from substrate.identity.tls import check_peer, client_context
+from substrate.identity.tls import PeerCert, check_peer, client_context
 
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a call may take unless the client is told otherwise."""
@@ -163,6 +164,43 @@ async def isolated(fn: Callable[[*_Args], Awaitable[_T]], *args: *_Args) -> _T:
             raise group.exceptions[0] from None
         raise
     return result[0]
+
+
+async def unary_call(
+    channel: Channel,
+    path: str,
+    request: betterproto.Message,
+    reply: type[_Reply],
+    *,
+    timeout: float | None,  # noqa: ASYNC109 (grpclib sends it to the server as grpc-timeout)
+    where: str,
+    check_server: Callable[[PeerCert | None], object] | None = None,
+) -> _Reply:
+    """One unary call of ``path`` on ``channel``; returns the reply.
+
+    The call runs in a child task (see :func:`isolated`): grpclib's cancel of the calling
+    task, on a timeout or a lost connection, stays in that task. ``check_server``, if given,
+    gets the server's certificate (None without TLS) after the handshake and before the
+    request's body is sent; what it raises ends the call. A reply with no message raises
+    :class:`Internal`. Errors are not translated: call this inside the client's
+    :func:`transport_errors`.
+    """
+
+    async def exchange() -> _Reply | None:
+        async with channel.request(
+            path, Cardinality.UNARY_UNARY, type(request), reply, timeout=timeout
+        ) as stream:
+            if check_server is not None:
+                await stream.send_request()
+                check_server(stream.peer.cert() if stream.peer else None)
+            await stream.send_message(request, end=True)
+            return await stream.recv_message()
+
+    response = await isolated(exchange)
+    if response is None:
+        method = path.rsplit("/", 1)[-1]
+        raise Internal(f"{method} on {where} returned no message")
+    return response
 
 
 @contextmanager
@@ -334,29 +372,17 @@ class AteClient:
         )
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
-        """One unary call, in a task of its own (see :func:`isolated`)."""
+        check = None if self.server_id is None else partial(check_peer, expected=self.server_id)
         with self._errors():
-            response = await isolated(self._exchange, method, request, reply)
-        if response is None:
-            raise Internal(f"{method} returned no message")
-        return response
-
-    async def _exchange(
-        self, method: str, request: betterproto.Message, reply: type[_Reply]
-    ) -> _Reply | None:
-        async with self._channel.request(
-            _CONTROL + method,
-            Cardinality.UNARY_UNARY,
-            type(request),
-            reply,
-            timeout=self.timeout,
-        ) as stream:
-            await stream.send_request()
-            if self.server_id is not None:
-                # Checked after the handshake, before the request's body is sent.
-                check_peer(stream.peer.cert() if stream.peer else None, self.server_id)
-            await stream.send_message(request, end=True)
-            return await stream.recv_message()
+            return await unary_call(
+                self._channel,
+                _CONTROL + method,
+                request,
+                reply,
+                timeout=self.timeout,
+                where=self.address,
+                check_server=check,
+            )
 
     # --- atespaces --------------------------------------------------------------------
 
@@ -528,4 +554,5 @@ __all__ = [
     "AteClient",
     "isolated",
     "parse_address",
+    "unary_call",
 ]

@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 import ssl as _ssl
 from contextlib import AbstractContextManager
+from functools import partial
 from types import TracebackType
 from typing import Final, Self, TypeVar
 
 import betterproto
 from grpclib.client import Channel
-from grpclib.const import Cardinality
 
 from substrate.api import convert, pb
-from substrate.client._async import _close_channel, isolated, parse_address, transport_errors
+from substrate.client._async import _close_channel, parse_address, transport_errors, unary_call
 from substrate.core.ids import WorkerRef
 from substrate.core.model import Capacity, Worker
 from substrate.errors import (
@@ -40,7 +40,7 @@ from substrate.identity.spiffe import (
     SpiffeId,
     validate_trust_domain,
 )
-from substrate.identity.tls import check_peer, client_context
+from substrate.identity.tls import PeerCert, check_peer, client_context
 
 REGISTRY_PATH: Final = "/substrate.v1.WorkerRegistry/"
 DEFAULT_TIMEOUT: Final = 10.0
@@ -159,30 +159,24 @@ class GrpcRegistry:
         )
 
     async def _call(self, method: str, request: betterproto.Message, reply: type[_Reply]) -> _Reply:
+        check = None if self.server_id is None else partial(self._check_server, self.server_id)
         with self._errors(method):
-            response = await isolated(self._exchange, method, request, reply)
-        if response is None:
-            raise Internal(f"{method} returned no message")
-        return response
+            return await unary_call(
+                self._channel,
+                REGISTRY_PATH + method,
+                request,
+                reply,
+                timeout=self.timeout,
+                where=f"ateapi at {self.address}",
+                check_server=check,
+            )
 
-    async def _exchange(
-        self, method: str, request: betterproto.Message, reply: type[_Reply]
-    ) -> _Reply | None:
-        async with self._channel.request(
-            REGISTRY_PATH + method,
-            Cardinality.UNARY_UNARY,
-            type(request),
-            reply,
-            timeout=self.timeout,
-        ) as stream:
-            await stream.send_request()
-            if self.server_id is not None:
-                try:
-                    check_peer(stream.peer.cert() if stream.peer else None, self.server_id)
-                except Unauthenticated as exc:
-                    raise Unavailable(f"{self.address} is not ateapi: {exc.description}") from exc
-            await stream.send_message(request, end=True)
-            return await stream.recv_message()
+    def _check_server(self, server_id: SpiffeId, cert: PeerCert | None) -> None:
+        """The server must be ateapi; Unavailable if it is not."""
+        try:
+            check_peer(cert, server_id)
+        except Unauthenticated as exc:
+            raise Unavailable(f"{self.address} is not ateapi: {exc.description}") from exc
 
     def _worker(self, method: str, message: pb.Worker) -> Worker:
         try:
