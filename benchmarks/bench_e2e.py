@@ -57,7 +57,7 @@ from benchmarks.drills.common import (
     setup_template,
     worker_of,
 )
-from substrate.adapters.objectstore import ObjectStoreOptions, open_blobstore
+from substrate.adapters.objectstore import open_blobstore
 from substrate.client import AteClient
 from substrate.client.http import call_actor
 from substrate.core.model import Actor, SuspendMode
@@ -143,23 +143,12 @@ async def wait_uploaded(c: AteClient, actor: str, limit: float = 300.0) -> float
 
 async def download_same_files(cluster: Cluster, actor: Actor, work: Path) -> tuple[float, int]:
     """Seconds to get every object of the actor's newest durable snapshot, and bytes."""
-    assert cluster.s3 is not None
-    assert cluster.s3_proxy is not None
     durable = actor.status.snapshots[-1].durable()
     if durable is None or not durable.uri:
         raise BenchError(f"{actor.ref}: no durable copy to download")
-    bucket_url = f"s3://{cluster.s3.bucket}"
+    bucket_url = f"s3://{cluster.bucket}"
     prefix = durable.uri.removeprefix(bucket_url + "/").rstrip("/") + "/"
-    store = open_blobstore(
-        bucket_url,
-        options=ObjectStoreOptions(
-            endpoint=f"http://{cluster.s3_proxy.address}",
-            region="us-east-1",
-            access_key_id="test",
-            secret_access_key="test",
-            path_style=True,
-        ),
-    )
+    store = open_blobstore(bucket_url, options=cluster.s3_options())
     keys = await store.list(prefix)
     dest = work / "download"
     dest.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ and as number text (compressible memory, ``seq``-like lines whose digits are per
   ``put_async`` of the same bytes from memory and ``get_async(...).bytes_async()`` into
   memory on the same store. The service reads and writes files, compresses, hashes
   (sha256), stages large files on disk and renames atomically, so the gap is its cost;
-* the same on S3, against a local moto server (``python -m moto.server``), for ~0 and
+* the same on S3, against a local moto server (:mod:`substrate.testing.s3`), for ~0 and
   20 MiB files only: moto is a single Python process that ingests at a few tens of MiB/s,
   so its numbers show the protocol path (multipart upload, streamed download), not what
   real S3 does, and larger files would only measure moto. Skipped, with a note, if moto
@@ -33,12 +33,8 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -47,9 +43,9 @@ import obstore
 import structlog
 import zstandard
 
-from substrate.adapters.objectstore import ObjectStoreOptions, ObstoreBlobStore, open_blobstore
-from substrate.cli.stack import free_port
+from substrate.adapters.objectstore import ObstoreBlobStore, open_blobstore
 from substrate.services.snapshots import DEFAULT_THREADS, download_snapshot, upload_snapshot
+from substrate.testing.s3 import start_moto
 
 MIB = 1 << 20
 RUNS = 5
@@ -197,39 +193,6 @@ async def transfer_row(
     ]
 
 
-# --- moto -------------------------------------------------------------------------------
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str] | str:
-    """``(process, endpoint)``, or the reason moto cannot run."""
-    try:
-        import moto.server  # noqa: F401
-    except ImportError:
-        return 'moto is not installed (pip install "moto[server]")'
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(endpoint + "/", timeout=1):
-                pass
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.05)
-            continue
-        create = urllib.request.Request(f"{endpoint}/bench", method="PUT")
-        with urllib.request.urlopen(create, timeout=10):
-            return process, endpoint
-    process.kill()
-    process.wait()
-    return "moto server did not start"
-
-
 # --- main -------------------------------------------------------------------------------
 
 
@@ -299,21 +262,14 @@ async def run(args: argparse.Namespace) -> None:
         if args.no_s3:
             print("\n(S3 skipped: --no-s3)")
         else:
-            started = start_moto()
-            if isinstance(started, str):
-                print(f"\n(S3 skipped: {started})")
+            try:
+                server = start_moto()
+            except RuntimeError as exc:
+                print(f"\n(S3 skipped: {exc})")
             else:
-                process, endpoint = started
                 try:
-                    s3 = open_blobstore(
-                        "s3://bench",
-                        options=ObjectStoreOptions(
-                            endpoint=endpoint,
-                            region="us-east-1",
-                            access_key_id="bench",
-                            secret_access_key="bench",
-                        ),
-                    )
+                    bucket = server.create_bucket("bench")
+                    s3 = open_blobstore(f"s3://{bucket}", options=server.options())
                     rows = []
                     for kind in KINDS:
                         for label, _ in S3_SIZES:
@@ -328,8 +284,7 @@ async def run(args: argparse.Namespace) -> None:
                     print("\n## S3 on a local moto server (Python; not representative of S3)\n")
                     print(table(TRANSFER_HEADERS, rows))
                 finally:
-                    process.terminate()
-                    process.wait()
+                    server.stop()
     print(f"\ntotal {time.perf_counter() - total:.0f} s")
 
 

@@ -4,8 +4,9 @@
 
 * a private PostgreSQL (:class:`~benchmarks.drills.faults.PrivatePostgres`), optionally
   behind a :class:`~benchmarks.drills.faults.TcpProxy`;
-* moto's S3 server (``python -m moto.server``) with one bucket, behind a TCP proxy (the
-  bucket drill cuts it); snapshots go to ``s3://<bucket>/snapshots``;
+* moto's S3 server (:func:`substrate.testing.s3.start_moto`) with one bucket, behind a
+  TCP proxy (the bucket drill cuts it); snapshots go to ``s3://<bucket>/snapshots``;
+  :meth:`Cluster.s3_options` are client options through the proxy;
 * ateapi (``--store postgresql://…``), per node an atelet and its ateworkers, and the
   router — started like ``ate up`` does (``python -m daemons.<x>``, a session each, stdin
   ``/dev/null``, output appended to ``<state-dir>/logs/<name>.log``, mTLS identities from
@@ -29,11 +30,8 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -61,6 +59,7 @@ from substrate.errors import SubstrateError
 from substrate.identity import CertificateAuthority, Identity, write_bundle
 from substrate.identity.ca import CA_VALIDITY
 from substrate.sandbox.node_layout import NodeLayout
+from substrate.testing.s3 import S3Server, start_moto
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 TRUST_DOMAIN: Final = "ate"
@@ -91,64 +90,6 @@ class ClusterOptions:
     """Put a TCP proxy between ateapi and PostgreSQL (to cut it instead of stopping it)."""
     worker_memory: str = "8Gi"
     ready_timeout: float = 120.0
-
-
-@attrs.define
-class S3:
-    endpoint: str
-    """Where moto listens (the harness reads objects here, past the proxy)."""
-    process: subprocess.Popen[bytes]
-    log: Path
-    bucket: str = ""
-
-    def options(self) -> ObjectStoreOptions:
-        return ObjectStoreOptions(
-            endpoint=self.endpoint,
-            region="us-east-1",
-            access_key_id="test",
-            secret_access_key="test",
-            path_style=True,
-        )
-
-
-def start_moto(log: Path, timeout: float = 30.0) -> S3:
-    port = free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    s3 = S3(endpoint=f"http://{HOST}:{port}", process=process, log=log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(s3.endpoint + "/", timeout=1) as r:
-                if r.status == 200:
-                    return s3
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    stop_popen(process)
-    raise RuntimeError(f"moto did not start: {log.read_text(errors='replace')[-2000:]}")
-
-
-def create_bucket(endpoint: str, name: str) -> None:
-    request = urllib.request.Request(f"{endpoint}/{name}", method="PUT")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        if response.status != 200:
-            raise RuntimeError(f"creating bucket {name}: HTTP {response.status}")
-
-
-def stop_popen(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def session_pids(session: int) -> list[int]:
@@ -193,8 +134,10 @@ class Cluster:
         self.ca = CertificateAuthority.create(TRUST_DOMAIN, now=datetime.now(UTC))
         self.pg: PrivatePostgres | None = None
         self.pg_proxy: TcpProxy | None = None
-        self.s3: S3 | None = None
+        self.s3: S3Server | None = None
         self.s3_proxy: TcpProxy | None = None
+        self.bucket = ""
+        """The drill's bucket in :attr:`s3` (snapshots go to ``s3://<bucket>/snapshots``)."""
         self.records: dict[str, ProcessRecord] = {}
         self.argv: dict[str, list[str]] = {}
         self.ports: dict[str, int] = {}
@@ -222,6 +165,12 @@ class Cluster:
     @property
     def router_admin(self) -> str:
         return f"{HOST}:{self.ports['router-admin']}"
+
+    def s3_options(self) -> ObjectStoreOptions:
+        """Client options for the drill's S3 server, through the proxy in front of it."""
+        assert self.s3 is not None
+        assert self.s3_proxy is not None
+        return self.s3.options(endpoint=f"http://{self.s3_proxy.address}")
 
     def node_names(self) -> list[str]:
         return [n.name for n in self.nodes]
@@ -276,10 +225,10 @@ class Cluster:
         # S3
         self.s3 = await anyio.to_thread.run_sync(start_moto, self.logs / "moto.log")
         bucket = f"drill-{self.run_id}"
-        await anyio.to_thread.run_sync(create_bucket, self.s3.endpoint, bucket)
-        self.s3.bucket = bucket
+        await anyio.to_thread.run_sync(self.s3.create_bucket, bucket)
+        self.bucket = bucket
         self.s3_proxy = TcpProxy(
-            self.s3.endpoint.removeprefix("http://"), log=self.logs / "s3-proxy.log", name="s3"
+            f"{self.s3.host}:{self.s3.port}", log=self.logs / "s3-proxy.log", name="s3"
         )
         await anyio.to_thread.run_sync(self.s3_proxy.start)
         self.location = f"s3://{bucket}/snapshots"
@@ -333,7 +282,7 @@ class Cluster:
             if proxy is not None:
                 await anyio.to_thread.run_sync(proxy.stop)
         if self.s3 is not None:
-            await anyio.to_thread.run_sync(stop_popen, self.s3.process)
+            await anyio.to_thread.run_sync(self.s3.stop)
         if self.pg is not None:
             await anyio.to_thread.run_sync(self.pg.destroy)
 
@@ -683,4 +632,4 @@ class Cluster:
         return "\n".join(out)
 
 
-__all__ = ["S3", "Cluster", "ClusterOptions"]
+__all__ = ["Cluster", "ClusterOptions"]

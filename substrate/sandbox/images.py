@@ -5,7 +5,10 @@ directory before a run or restore (:class:`~substrate.sandbox.node_layout.NodeLa
 ``bundle_dir``): the root filesystem goes to ``<bundle_dir>/rootfs`` and the worker writes
 ``config.json`` beside it. What the image says about its process (entrypoint, cmd, env)
 comes back as an :class:`ImageConfig`, which atelet passes to the worker for a container
-that declares no command of its own.
+that declares no command of its own. It is the one record of an image's config: the gVisor
+image store reads its on-disk ``image.json`` into it
+(:mod:`substrate.adapters.gvisor.images`), and atelet keeps it in the bundle's marker
+(:meth:`ImageConfig.to_json`).
 
 Adapters: a local image store (another module) and the tmpdir fake in
 :mod:`substrate.testing.fake_images`.
@@ -18,8 +21,9 @@ cannot be used right now.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
-from typing import Final, Protocol
+from collections.abc import Awaitable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -51,6 +55,10 @@ def _env_pairs(value: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     return out
 
 
+def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class ImageConfig:
     """What an image declares about the process it runs (its OCI image config)."""
@@ -59,6 +67,10 @@ class ImageConfig:
     cmd: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_env_pairs)
     """``(name, value)`` pairs, in the image's order."""
+    runtime: Mapping[str, Any] = attrs.field(
+        factory=dict, converter=_frozen_mapping, eq=False, hash=False
+    )
+    """Free-form hints for the runtime, kept as the image gives them (not compared)."""
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -66,11 +78,15 @@ class ImageConfig:
         return self.entrypoint + self.cmd
 
     def to_json(self) -> dict[str, object]:
-        return {
+        """The config as stored in a bundle's marker (``runtime`` only when there are hints)."""
+        doc: dict[str, object] = {
             "entrypoint": list(self.entrypoint),
             "cmd": list(self.cmd),
             "env": [[k, v] for k, v in self.env],
         }
+        if self.runtime:
+            doc["runtime"] = dict(self.runtime)
+        return doc
 
     @classmethod
     def from_json(cls, doc: object) -> ImageConfig:
@@ -91,7 +107,10 @@ class ImageConfig:
             pairs.append((item[0], item[1]))
         if not all(isinstance(a, str) for a in [*entrypoint, *cmd]):
             raise InvalidArgument("image config arguments must be strings")
-        return cls(entrypoint=entrypoint, cmd=cmd, env=pairs)
+        runtime = doc.get("runtime", {})
+        if not isinstance(runtime, dict):
+            raise InvalidArgument("image config runtime must be a JSON object")
+        return cls(entrypoint=entrypoint, cmd=cmd, env=pairs, runtime=runtime)
 
 
 class ImageStore(Protocol):

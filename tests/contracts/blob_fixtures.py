@@ -10,117 +10,42 @@ A test module declares thin fixtures over these helpers::
     def make_blobstore(request: pytest.FixtureRequest) -> MakeBlobStore:
         return blobstore_factory(request.param, request)
 
-The S3 server is moto's standalone server (``python -m moto.server``, from the test
+The S3 server is moto's standalone server (:mod:`substrate.testing.s3`, from the test
 dependency ``moto[server]``) on 127.0.0.1 and a free port, started once per test session
-and stopped at its end; each S3 store gets a fresh bucket. Without moto the S3 tests skip
-with the reason (CI turns skips into failures).
+and stopped at its end; each S3 store gets a fresh bucket, and clients use
+:func:`s3_options`. Without moto the S3 tests skip with the reason (CI turns skips into
+failures).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
-import attrs
 import pytest
 
 from substrate.adapters.memory import InMemoryBlobStore
 from substrate.adapters.objectstore import ObjectStoreOptions, open_blobstore
-from substrate.cli.stack import free_port
 from substrate.snapshot.ports import BlobStore
 from substrate.testing.contracts.blobstore import MakeBlobStore
+from substrate.testing.s3 import S3Server, start_moto
 
-STARTUP_TIMEOUT: Final = 30.0
-_buckets = itertools.count(1)
-
-
-@attrs.define
-class S3Server:
-    """A running moto S3 server."""
-
-    endpoint: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def options(self) -> ObjectStoreOptions:
-        """Client options for this server (dummy credentials; moto does not check them)."""
-        return ObjectStoreOptions(
-            endpoint=self.endpoint,
-            region="us-east-1",
-            access_key_id="test",
-            secret_access_key="test",
-            path_style=True,
-            max_retries=2,
-            retry_timeout=10.0,
-            connect_timeout=2.0,
-        )
-
-    def create_bucket(self, name: str) -> None:
-        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 200, response.status
-
-    def new_bucket(self) -> str:
-        name = f"substrate-test-{next(_buckets):05d}"
-        self.create_bucket(name)
-        return name
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        with contextlib.suppress(OSError):
-            self.log.unlink()
+S3_MAX_RETRIES: Final = 2
+S3_RETRY_TIMEOUT: Final = 10.0
+S3_CONNECT_TIMEOUT: Final = 2.0
 
 
-def start_moto_server() -> S3Server:
-    """Start ``python -m moto.server`` on a free local port and wait until it answers.
-
-    Raises ``RuntimeError`` (with the server's output) if it does not come up.
-    """
-    try:
-        import moto.server  # noqa: F401  (only checks that moto[server] is installed)
-    except ImportError as exc:
-        raise RuntimeError(f'moto is not installed (pip install "moto[server]"): {exc}') from exc
-    port = free_port()
-    fd, log_name = tempfile.mkstemp(prefix="moto-server-", suffix=".log")
-    log = Path(log_name)
-    with os.fdopen(fd, "wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    server = S3Server(endpoint=f"http://127.0.0.1:{port}", process=process, log=log)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(server.endpoint + "/", timeout=1) as response:
-                if response.status == 200:
-                    return server
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.05)
-    output = log.read_text(errors="replace")[-2000:]
-    server.stop()
-    raise RuntimeError(f"moto server did not start on port {port}: {output}")
+def s3_options(server: S3Server) -> ObjectStoreOptions:
+    """The tests' client options for ``server``: few retries, short timeouts."""
+    return server.options(
+        max_retries=S3_MAX_RETRIES,
+        retry_timeout=S3_RETRY_TIMEOUT,
+        connect_timeout=S3_CONNECT_TIMEOUT,
+    )
 
 
 _server: S3Server | None = None
@@ -135,7 +60,7 @@ def shared_s3_server(request: pytest.FixtureRequest) -> S3Server:
     global _server, _server_error
     if _server is None and _server_error is None:
         try:
-            _server = start_moto_server()
+            _server = start_moto()
         except RuntimeError as exc:
             _server_error = str(exc)
         else:
@@ -190,7 +115,7 @@ def obstore_s3_factory(server: S3Server) -> MakeBlobStore:
     @asynccontextmanager
     async def make() -> AsyncIterator[BlobStore]:
         bucket = server.new_bucket()
-        yield open_blobstore(f"s3://{bucket}/under/a/prefix", options=server.options())
+        yield open_blobstore(f"s3://{bucket}/under/a/prefix", options=s3_options(server))
 
     return make
 

@@ -14,6 +14,7 @@ if "substrate.testing.contracts.blobstore" not in sys.modules:
 
 from substrate.adapters.memory import InMemoryBlobStore
 from substrate.adapters.objectstore import ObjectStoreOptions, open_blobstore
+from substrate.cli.stack import free_port
 from substrate.errors import InvalidArgument, NotFound, Unavailable
 from substrate.snapshot.ports import BlobStore
 from substrate.testing.contracts.blobstore import (
@@ -22,11 +23,11 @@ from substrate.testing.contracts.blobstore import (
     MakeBlobStore,
     names,
 )
+from substrate.testing.s3 import S3Server
 from tests.contracts.blob_fixtures import (
     BLOBSTORE_KINDS,
-    S3Server,
     blobstore_factory,
-    free_port,
+    s3_options,
     shared_s3_server,
 )
 
@@ -119,7 +120,7 @@ async def test_gcs_down_is_unavailable(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 async def test_s3_missing_bucket_is_unavailable(s3_server: S3Server, tmp_path: Path) -> None:
-    store = open_blobstore("s3://no-such-bucket-here", options=s3_server.options())
+    store = open_blobstore("s3://no-such-bucket-here", options=s3_options(s3_server))
     with anyio.fail_after(20):
         for call in (
             lambda: store.put("k", b"x"),
@@ -133,7 +134,7 @@ async def test_s3_missing_bucket_is_unavailable(s3_server: S3Server, tmp_path: P
 @pytest.mark.s3
 async def test_s3_prefixes_isolate_stores(s3_server: S3Server) -> None:
     bucket = s3_server.new_bucket()
-    options = s3_server.options()
+    options = s3_options(s3_server)
     root = open_blobstore(f"s3://{bucket}", options=options)
     left = open_blobstore(f"s3://{bucket}/left", options=options)
     right = open_blobstore(f"s3://{bucket}/left-not", options=options)

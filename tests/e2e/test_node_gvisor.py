@@ -31,7 +31,8 @@ from substrate.core.model import (
 )
 from substrate.errors import SubstrateError, Unavailable
 from substrate.net.plan import netns_prefix, veth_prefix
-from tests.contracts.blob_fixtures import S3Server, shared_s3_server, start_moto_server
+from substrate.testing.s3 import S3Server, start_moto
+from tests.contracts.blob_fixtures import s3_options, shared_s3_server
 from tests.e2e.node_stack import COUNTER_IMAGE, Stack, held_tunnel, stack, tunnel_get
 from tests.privileges import needs_nft, needs_runsc
 
@@ -126,7 +127,7 @@ async def test_suspend_to_s3_and_resume_on_another_node(
             snap = suspended.status.snapshots[-1]
             durable = [x for x in snap.storages if x.durability is Durability.DURABLE]
             assert durable and durable[0].status is StorageStatus.COMPLETED
-            store = open_blobstore(f"s3://{bucket}", options=s3_server.options())
+            store = open_blobstore(f"s3://{bucket}", options=s3_options(s3_server))
             keys = await store.list("snapshots/")
             assert any(k.endswith("manifest.json") for k in keys), keys
             stale = await tunnel_get(s.router_files(), s.tunnels["w-a"], "lab/c1")
@@ -174,7 +175,7 @@ async def test_bucket_away_during_sync_suspend_and_a_probe_that_never_answers(
     """The bucket refuses connections during a SYNC suspend: the actor keeps serving (or its
     snapshot stays PENDING with the local copy kept) — nothing is lost. A workload whose
     wakeup probe never answers 200 fails its start and leaves nothing on the worker."""
-    server = start_moto_server()  # our own: this test stops it
+    server = start_moto()  # our own: this test stops it
     try:
         bucket = server.new_bucket()
         location = f"s3://{bucket}/snapshots"

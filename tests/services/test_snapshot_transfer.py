@@ -34,9 +34,9 @@ from substrate.services.snapshots import (
 from substrate.snapshot import Asset, Manifest, actor_snapshot_prefix, manifest_key, object_key
 from substrate.snapshot.ports import BlobStore
 from substrate.testing.contracts.blobstore import MakeBlobStore, names
+from substrate.testing.s3 import S3Server
 from tests.contracts.blob_fixtures import (
     BLOBSTORE_KINDS,
-    S3Server,
     blobstore_factory,
     shared_s3_server,
 )

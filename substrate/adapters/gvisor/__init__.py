@@ -10,7 +10,6 @@ Importing needs neither runsc nor gcc; they are looked up when used.
 """
 
 from substrate.adapters.gvisor.images import (
-    ImageConfig,
     LocalImages,
     build_counter_image,
     pack_image,
@@ -23,6 +22,7 @@ from substrate.adapters.gvisor.runtime import (
     RunscTimeouts,
     cleanup_root,
 )
+from substrate.sandbox.images import ImageConfig
 from substrate.sandbox.runsc_argv import RunscOptions
 
 __all__ = [

@@ -17,8 +17,7 @@ class LocalImageStore:
         self.images = LocalImages(root)
 
     async def unpack(self, image: str, bundle_dir: str) -> ImageConfig:
-        config = await anyio.to_thread.run_sync(self.images.unpack, image, bundle_dir)
-        return ImageConfig(entrypoint=config.entrypoint, cmd=config.cmd, env=config.env_pairs())
+        return await anyio.to_thread.run_sync(self.images.unpack, image, bundle_dir)
 
 
 __all__ = ["LocalImageStore"]

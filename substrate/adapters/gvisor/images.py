@@ -32,15 +32,12 @@ import stat
 import struct
 import subprocess
 import tarfile
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Final
-
-import attrs
 
 from substrate.errors import Internal, InvalidArgument, NotFound, Unavailable
 from substrate.images import counter_source
+from substrate.sandbox.images import ImageConfig
 
 IMAGE_CONFIG: Final = "image.json"
 ROOTFS: Final = "rootfs"
@@ -64,87 +61,56 @@ _LINK_ERRORS: Final = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.E
 
 
 # --- the image config -------------------------------------------------------------------
+#
+# ``image.json`` holds a :class:`~substrate.sandbox.images.ImageConfig` with ``env`` as
+# ``NAME=value`` strings; these two functions are the only translation.
 
 
-def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(value, str):
-        raise InvalidArgument("expected a list of strings, not one string")
-    return tuple(value)
-
-
-def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value))
-
-
-def _validate_strings(
-    _inst: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]
-) -> None:
+def _check_strings(source: str, key: str, value: list[Any]) -> None:
     for item in value:
         if not isinstance(item, str) or "\x00" in item:
-            raise InvalidArgument(f"image {attribute.name} entry {item!r} is not a string")
+            raise InvalidArgument(f"{source}: image {key} entry {item!r} is not a string")
 
 
-def _validate_env(_inst: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
-    _validate_strings(_inst, attribute, value)
-    for item in value:
+def image_config_from_json(data: object, *, source: str = IMAGE_CONFIG) -> ImageConfig:
+    """The config of a decoded ``image.json``; :class:`InvalidArgument` if it is malformed."""
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{source} must hold a JSON object")
+    runtime = data.get("runtime")
+    runtime = {} if runtime is None else runtime
+    if not isinstance(runtime, dict):
+        raise InvalidArgument(f"{source}: 'runtime' must be an object")
+    fields: dict[str, list[Any]] = {}
+    for key in ("entrypoint", "cmd", "env"):
+        value = data.get(key)
+        value = [] if value is None else value
+        if not isinstance(value, list):
+            raise InvalidArgument(f"{source}: {key!r} must be a list of strings")
+        fields[key] = value
+    for key, items in fields.items():
+        _check_strings(source, key, items)
+    env: list[tuple[str, str]] = []
+    for item in fields["env"]:
         if "=" not in item or item.startswith("="):
-            raise InvalidArgument(f"image env entry {item!r} is not NAME=value")
+            raise InvalidArgument(f"{source}: image env entry {item!r} is not NAME=value")
+        name, _, text = item.partition("=")
+        env.append((name, text))
+    try:
+        return ImageConfig(
+            entrypoint=fields["entrypoint"], cmd=fields["cmd"], env=env, runtime=runtime
+        )
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{source}: {exc.description}") from exc
 
 
-@attrs.frozen(slots=True, kw_only=True)
-class ImageConfig:
-    """What ``image.json`` says: the process (entrypoint + cmd), its env, runtime hints."""
-
-    entrypoint: tuple[str, ...] = attrs.field(
-        default=(), converter=_str_tuple, validator=_validate_strings
-    )
-    cmd: tuple[str, ...] = attrs.field(
-        default=(), converter=_str_tuple, validator=_validate_strings
-    )
-    env: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_validate_env)
-    """``NAME=value`` strings."""
-    runtime: Mapping[str, Any] = attrs.field(
-        factory=dict, converter=_frozen_mapping, eq=False, hash=False
-    )
-    """Free-form hints for the runtime (kept as given)."""
-
-    @property
-    def args(self) -> tuple[str, ...]:
-        """The process to run when the container names none: entrypoint, then cmd."""
-        return self.entrypoint + self.cmd
-
-    def env_pairs(self) -> tuple[tuple[str, str], ...]:
-        """``env`` as ``(name, value)`` pairs."""
-        return tuple((name, value) for name, _, value in (e.partition("=") for e in self.env))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "entrypoint": list(self.entrypoint),
-            "cmd": list(self.cmd),
-            "env": list(self.env),
-            "runtime": dict(self.runtime),
-        }
-
-    @classmethod
-    def from_json(cls, data: object, *, source: str = "image.json") -> ImageConfig:
-        """Parse a decoded ``image.json``; :class:`InvalidArgument` if it is malformed."""
-        if not isinstance(data, dict):
-            raise InvalidArgument(f"{source} must hold a JSON object")
-        runtime = data.get("runtime")
-        runtime = {} if runtime is None else runtime
-        if not isinstance(runtime, dict):
-            raise InvalidArgument(f"{source}: 'runtime' must be an object")
-        fields: dict[str, Any] = {"runtime": runtime}
-        for key in ("entrypoint", "cmd", "env"):
-            value = data.get(key)
-            value = [] if value is None else value
-            if not isinstance(value, list):
-                raise InvalidArgument(f"{source}: {key!r} must be a list of strings")
-            fields[key] = value
-        try:
-            return cls(**fields)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{source}: {exc.description}") from exc
+def image_config_to_json(config: ImageConfig) -> dict[str, Any]:
+    """``config`` as ``image.json`` holds it (``env`` as ``NAME=value`` strings)."""
+    return {
+        "entrypoint": list(config.entrypoint),
+        "cmd": list(config.cmd),
+        "env": [f"{name}={value}" for name, value in config.env],
+        "runtime": dict(config.runtime),
+    }
 
 
 def parse_image_config(raw: bytes, *, source: str = IMAGE_CONFIG) -> ImageConfig:
@@ -153,7 +119,7 @@ def parse_image_config(raw: bytes, *, source: str = IMAGE_CONFIG) -> ImageConfig
         data = json.loads(raw)
     except ValueError as exc:
         raise InvalidArgument(f"{source} is not valid JSON: {exc}") from exc
-    return ImageConfig.from_json(data, source=source)
+    return image_config_from_json(data, source=source)
 
 
 def read_image_config(image: str | os.PathLike[str]) -> ImageConfig:
@@ -453,7 +419,7 @@ def pack_image(image_dir: str | os.PathLike[str], tar_path: str | os.PathLike[st
     staging = target.with_name(f".{target.name}.{secrets.token_hex(4)}")
     try:
         with tarfile.open(staging, "w", format=tarfile.PAX_FORMAT) as tar:
-            raw = json.dumps(config.to_json(), indent=1).encode()
+            raw = json.dumps(image_config_to_json(config), indent=1).encode()
             info = tarfile.TarInfo(IMAGE_CONFIG)
             info.size = len(raw)
             info.mode = 0o644
@@ -542,7 +508,7 @@ def _build(staging: Path, digest: str, *, cc: str, busybox: str | None) -> None:
     (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/:/bin/sh\n")
     (rootfs / "etc" / "group").write_text("root:x:0:\n")
     config = ImageConfig(entrypoint=COUNTER_ENTRYPOINT)
-    (staging / IMAGE_CONFIG).write_text(json.dumps(config.to_json(), indent=1) + "\n")
+    (staging / IMAGE_CONFIG).write_text(json.dumps(image_config_to_json(config), indent=1) + "\n")
     (staging / BUILD_STAMP).write_text(json.dumps({"source_sha256": digest, "cc": cc}) + "\n")
 
 
@@ -603,6 +569,8 @@ __all__ = [
     "LocalImages",
     "build_counter_image",
     "counter_source_digest",
+    "image_config_from_json",
+    "image_config_to_json",
     "image_dir_names",
     "is_static_elf",
     "pack_image",

@@ -19,6 +19,8 @@ from substrate.adapters.gvisor.images import (
     ImageConfig,
     LocalImages,
     build_counter_image,
+    image_config_from_json,
+    image_config_to_json,
     image_dir_names,
     is_static_elf,
     pack_image,
@@ -28,6 +30,7 @@ from substrate.adapters.gvisor.images import (
 )
 from substrate.errors import InvalidArgument, NotFound, Unavailable
 from substrate.images import counter_source
+from substrate.sandbox.images import ImageConfig as SandboxImageConfig
 
 BUSYBOX = shutil.which("busybox") or "/usr/bin/busybox"
 CAN_BUILD = bool(shutil.which("gcc")) and os.path.isfile(BUSYBOX) and is_static_elf(BUSYBOX)
@@ -77,31 +80,54 @@ def tree(root: Path) -> dict[str, str]:
 
 
 def test_image_config_round_trip() -> None:
-    config = parse_image_config(
-        b'{"entrypoint": ["/bin/app"], "cmd": ["a", "b"], "env": ["K=V", "E="],'
+    raw = (
+        b'{"entrypoint": ["/bin/app"], "cmd": ["a", "b"], "env": ["K=V", "E=", "X=a=b"],'
         b' "runtime": {"x": 1}}'
     )
+    config = parse_image_config(raw)
+    assert isinstance(config, SandboxImageConfig)  # one record: the image port's
     assert config.args == ("/bin/app", "a", "b")
-    assert config.env_pairs() == (("K", "V"), ("E", ""))
+    assert config.env == (("K", "V"), ("E", ""), ("X", "a=b"))
     assert config.runtime["x"] == 1
-    assert ImageConfig.from_json(config.to_json()) == config
+    assert image_config_to_json(config) == json.loads(raw)
+    assert image_config_from_json(image_config_to_json(config)) == config
     assert parse_image_config(b"{}") == ImageConfig()
+    # the bundle marker form keeps the runtime hints too
+    assert SandboxImageConfig.from_json(config.to_json()).runtime == {"x": 1}
+
+
+def test_image_json_is_written_as_before(tmp_path: Path) -> None:
+    """``image.json`` keeps its format: env as ``NAME=value`` strings, ``runtime`` last."""
+    config = ImageConfig(entrypoint=("/bin/app",), env=(("PATH", "/bin"), ("A", "x=y")))
+    assert json.dumps(image_config_to_json(config)) == (
+        '{"entrypoint": ["/bin/app"], "cmd": [], "env": ["PATH=/bin", "A=x=y"], "runtime": {}}'
+    )
+    image = make_image(
+        tmp_path, config={"entrypoint": ["/bin/app"], "env": ["A=1"], "runtime": {"k": [1]}}
+    )
+    with tarfile.open(pack_image(image, tmp_path / "packed.tar")) as tar:
+        handle = tar.extractfile(IMAGE_CONFIG)
+        assert handle is not None
+        packed = json.loads(handle.read())
+    assert packed == {"entrypoint": ["/bin/app"], "cmd": [], "env": ["A=1"], "runtime": {"k": [1]}}
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "message"),
     [
-        b"not json",
-        b"[]",
-        b'{"entrypoint": "/bin/app"}',
-        b'{"cmd": [1]}',
-        b'{"env": ["NOEQUALS"]}',
-        b'{"runtime": []}',
+        (b"not json", "image.json is not valid JSON"),
+        (b"[]", "image.json must hold a JSON object"),
+        (b'{"entrypoint": "/bin/app"}', "image.json: 'entrypoint' must be a list of strings"),
+        (b'{"cmd": [1]}', "image.json: image cmd entry 1 is not a string"),
+        (b'{"env": ["NOEQUALS"]}', "image.json: image env entry 'NOEQUALS' is not NAME=value"),
+        (b'{"env": ["=x"]}', "image.json: image env entry '=x' is not NAME=value"),
+        (b'{"runtime": []}', "image.json: 'runtime' must be an object"),
     ],
 )
-def test_bad_image_config_is_invalid(raw: bytes) -> None:
-    with pytest.raises(InvalidArgument):
+def test_bad_image_config_is_invalid(raw: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
         parse_image_config(raw)
+    assert caught.value.description.startswith(message)
 
 
 # --- references -------------------------------------------------------------------------

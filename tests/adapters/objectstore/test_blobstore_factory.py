@@ -33,7 +33,8 @@ from substrate.errors import (
     Unavailable,
 )
 from substrate.snapshot import actor_snapshot_prefix, normalize_prefix, validate_key
-from tests.contracts.blob_fixtures import S3Server, shared_s3_server
+from substrate.testing.s3 import S3Server
+from tests.contracts.blob_fixtures import shared_s3_server
 
 pytestmark = pytest.mark.anyio
 
