@@ -67,11 +67,10 @@ class DrillConfig:
     burst_slots: int = 10
     burst_lot: int = 1024
     burst_slack: float = 4.0
-    """The bound of the burst's "none hangs" check at the client (budget + this). The
-    stricter "within the budget" check (budget + ``slack``) is separate; on 2 cores it
-    holds in about half the runs (a few served answers come up to 0.3 s past it: see
-    docs/operations.md, D); the router's own park wait is checked against the budget
-    itself (``/statusz``)."""
+    """The bound of the burst's "none hangs" check at the client (budget + this), the only
+    client-side bound on a served answer, which includes the exchange with its actor. The
+    "within the budget" checks (budget + ``slack``) apply to every request's verdict in
+    the router and to every refusal at the client (see :mod:`benchmarks.drills.burst`)."""
     suspended_every: float = 5.0
     keep: bool = False
     """Keep the stacks' state directories (logs) after a drill that passed."""

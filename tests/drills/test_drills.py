@@ -43,18 +43,10 @@ class Shortfall:
         return any(text in detail for text in wanted)
 
 
-KNOWN_SHORTFALLS: Final[dict[int, dict[str, Shortfall]]] = {
-    6: {
-        "every answer reaches the client within the budget (5 s + 1.5 s)": Shortfall(
-            "in about half the runs on 2 cores a few served (200) answers reach the client "
-            "up to 0.3 s past budget + 1.5 s: the router's one event loop shares its turns "
-            "between ingesting 2,800 connections and the ResumeActor replies, which can wait "
-            "~2 s; refusals and the router's own park wait stay within the budget "
-            "(docs/operations.md, D)",
-            strict=False,
-        ),
-    },
-}
+KNOWN_SHORTFALLS: Final[dict[int, dict[str, Shortfall]]] = {}
+"""None open: drill 6's client-side bound on served answers, excused here until session 4,
+became a figure once the drill measured each request's verdict in the router (see
+:mod:`benchmarks.drills.burst`); every drill must now pass every check."""
 
 
 @pytest.fixture
