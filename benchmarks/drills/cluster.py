@@ -45,6 +45,7 @@ import attrs
 from benchmarks.drills.faults import PrivatePostgres, TcpProxy, free_port
 from substrate.adapters.gvisor import procfs
 from substrate.adapters.objectstore import ObjectStoreOptions
+from substrate.cli.daemon_args import ateapi_argv, atelet_argv, router_argv, worker_argv
 from substrate.cli.stack import admin_get, choose_runtime, down, spawn
 from substrate.client import AteClient
 from substrate.client.local import (
@@ -389,17 +390,16 @@ class Cluster:
             o = self.options
             self._spawn(
                 "ateapi",
-                [
-                    "daemons.ateapi",
-                    f"--listen={self.ateapi_address}",
-                    f"--admin-listen={self.ateapi_admin}",
-                    f"--tls-dir={tls}",
-                    f"--trust-domain={TRUST_DOMAIN}",
-                    f"--store={self.store_url}",
-                    f"--objects={self.location}",
-                    f"--heartbeat-timeout={o.heartbeat_timeout:g}",
-                    f"--reconcile-every={o.reconcile_every:g}",
-                ],
+                ateapi_argv(
+                    listen=self.ateapi_address,
+                    admin_listen=self.ateapi_admin,
+                    tls_dir=tls,
+                    trust_domain=TRUST_DOMAIN,
+                    store=self.store_url,
+                    objects=self.location,
+                    heartbeat_timeout=o.heartbeat_timeout,
+                    reconcile_every=o.reconcile_every,
+                ),
             )
         await self.wait_admin(self.ateapi_admin, "/readyz", "ateapi", "ateapi")
         return time.monotonic() - started
@@ -444,36 +444,34 @@ class Cluster:
         let_tls = self._issue(f"atelet-{node}", "atelet", Identity.atelet(node, TRUST_DOMAIN))
         self._spawn(
             f"atelet-{node}",
-            [
-                "daemons.atelet",
-                f"--node={node}",
-                f"--node-dir={record.directory}",
-                f"--images={self.images}",
-                f"--listen={HOST}:0",
-                f"--ateapi={self.ateapi_address}",
-                f"--tls-dir={let_tls}",
-                f"--trust-domain={TRUST_DOMAIN}",
-                f"--objects={self.location}",
-                f"--heartbeat-every={o.heartbeat_every:g}",
-            ],
+            atelet_argv(
+                node=node,
+                node_dir=record.directory,
+                images=self.images,
+                listen=f"{HOST}:0",
+                ateapi=self.ateapi_address,
+                tls_dir=let_tls,
+                trust_domain=TRUST_DOMAIN,
+                objects=[self.location],
+                heartbeat_every=o.heartbeat_every,
+            ),
         )
         for w in record.workers:
             w_tls = self._issue(f"worker-{w}", "worker", Identity.worker(w, TRUST_DOMAIN))
             self._spawn(
                 f"worker-{w}",
-                [
-                    "daemons.ateworker",
-                    f"--name={w}",
-                    f"--node={node}",
-                    f"--node-dir={record.directory}",
-                    f"--runtime={self.runtime}",
-                    f"--tunnel-listen={HOST}:0",
-                    f"--tls-dir={w_tls}",
-                    f"--trust-domain={TRUST_DOMAIN}",
-                    f"--max-actors={o.max_actors}",
-                    f"--memory={o.worker_memory}",
-                    f"--label=node={node}",
-                ],
+                worker_argv(
+                    name=w,
+                    node=node,
+                    node_dir=record.directory,
+                    runtime=self.runtime,
+                    tunnel_listen=f"{HOST}:0",
+                    tls_dir=w_tls,
+                    trust_domain=TRUST_DOMAIN,
+                    max_actors=o.max_actors,
+                    memory=o.worker_memory,
+                    labels={"node": node},
+                ),
             )
 
     def epochs(self, workers: list[str]) -> dict[str, int]:
@@ -534,16 +532,15 @@ class Cluster:
         tls = self._issue("router", "router", Identity.router(TRUST_DOMAIN))
         self._spawn(
             "router",
-            [
-                "daemons.router",
-                f"--listen={HOST}:{self.ports['router']}",
-                f"--admin-listen={self.router_admin}",
-                f"--ateapi-address={self.ateapi_address}",
-                f"--tls-dir={tls}",
-                f"--trust-domain={TRUST_DOMAIN}",
-                f"--parked-request-budget={o.parked_budget:g}s",
-                f"--parked-request-max={o.parked_max}",
-            ],
+            router_argv(
+                listen=f"{HOST}:{self.ports['router']}",
+                admin_listen=self.router_admin,
+                ateapi_address=self.ateapi_address,
+                tls_dir=tls,
+                trust_domain=TRUST_DOMAIN,
+                parked_request_budget=o.parked_budget,
+                parked_request_max=o.parked_max,
+            ),
         )
 
     async def wait_router_ready(self) -> None:

@@ -51,6 +51,7 @@ import attrs
 import h11
 
 from substrate.adapters.gvisor import procfs
+from substrate.cli.daemon_args import ateapi_argv, atelet_argv, router_argv, worker_argv
 from substrate.client import AteClient
 from substrate.client.local import (
     CLIENT_TLS_NAME,
@@ -371,7 +372,8 @@ def prepare_image(images: Path, runtime: str) -> str:
 # --- starting --------------------------------------------------------------------------------
 
 
-def _child_env(base: Mapping[str, str]) -> dict[str, str]:
+def child_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` for a daemon: unbuffered output, this checkout first on ``PYTHONPATH``."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     root = Path(__file__).resolve().parents[2]
@@ -486,7 +488,7 @@ async def _start(
     options: UpOptions, state_dir: Path, runtime: str, note: str, progress: Progress
 ) -> LocalStack:
     now = datetime.now(UTC)
-    env = _child_env(options.env)
+    env = child_env(options.env)
     logs = state_dir / "logs"
     tls = state_dir / "tls"
     images = state_dir / "images"
@@ -530,15 +532,14 @@ async def _start(
         starting.add(
             spawn(
                 "ateapi",
-                [
-                    "daemons.ateapi",
-                    f"--listen={stack.ateapi_address}",
-                    f"--admin-listen={stack.ateapi_admin}",
-                    f"--tls-dir={api_tls}",
-                    f"--trust-domain={TRUST_DOMAIN}",
-                    f"--store={options.store}",
-                    f"--objects={objects}",
-                ],
+                ateapi_argv(
+                    listen=stack.ateapi_address,
+                    admin_listen=stack.ateapi_admin,
+                    tls_dir=api_tls,
+                    trust_domain=TRUST_DOMAIN,
+                    store=options.store,
+                    objects=objects,
+                ),
                 logs=logs,
                 env=env,
                 python=options.python,
@@ -566,18 +567,17 @@ async def _start(
             starting.add(
                 spawn(
                     f"atelet-{node.name}",
-                    [
-                        "daemons.atelet",
-                        f"--node={node.name}",
-                        f"--node-dir={node.directory}",
-                        f"--images={images}",
-                        f"--listen={HOST}:0",
-                        f"--ateapi={stack.ateapi_address}",
-                        f"--tls-dir={let_tls}",
-                        f"--trust-domain={TRUST_DOMAIN}",
-                        f"--objects={objects}",
-                        "--heartbeat-every=1",
-                    ],
+                    atelet_argv(
+                        node=node.name,
+                        node_dir=node.directory,
+                        images=images,
+                        listen=f"{HOST}:0",
+                        ateapi=stack.ateapi_address,
+                        tls_dir=let_tls,
+                        trust_domain=TRUST_DOMAIN,
+                        objects=[objects],
+                        heartbeat_every=1,
+                    ),
                     logs=logs,
                     env=env,
                     python=options.python,
@@ -594,18 +594,17 @@ async def _start(
                 starting.add(
                     spawn(
                         f"worker-{worker}",
-                        [
-                            "daemons.ateworker",
-                            f"--name={worker}",
-                            f"--node={node.name}",
-                            f"--node-dir={node.directory}",
-                            f"--runtime={runtime}",
-                            f"--tunnel-listen={HOST}:0",
-                            f"--tls-dir={w_tls}",
-                            f"--trust-domain={TRUST_DOMAIN}",
-                            f"--max-actors={options.max_actors}",
-                            "--memory=4Gi",
-                        ],
+                        worker_argv(
+                            name=worker,
+                            node=node.name,
+                            node_dir=node.directory,
+                            runtime=runtime,
+                            tunnel_listen=f"{HOST}:0",
+                            tls_dir=w_tls,
+                            trust_domain=TRUST_DOMAIN,
+                            max_actors=options.max_actors,
+                            memory="4Gi",
+                        ),
                         logs=logs,
                         env=env,
                         python=options.python,
@@ -616,14 +615,13 @@ async def _start(
         starting.add(
             spawn(
                 "router",
-                [
-                    "daemons.router",
-                    f"--listen={stack.router_url.removeprefix('http://')}",
-                    f"--admin-listen={stack.router_admin}",
-                    f"--ateapi-address={stack.ateapi_address}",
-                    f"--tls-dir={r_tls}",
-                    f"--trust-domain={TRUST_DOMAIN}",
-                ],
+                router_argv(
+                    listen=stack.router_url.removeprefix("http://"),
+                    admin_listen=stack.router_admin,
+                    ateapi_address=stack.ateapi_address,
+                    tls_dir=r_tls,
+                    trust_domain=TRUST_DOMAIN,
+                ),
                 logs=logs,
                 env=env,
                 python=options.python,

@@ -7,9 +7,9 @@ test fails. Everything started is stopped (SIGTERM, then SIGKILL by pid) at the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -22,13 +22,14 @@ import anyio
 import attrs
 
 from substrate.adapters.gvisor.images import LocalImages, build_counter_image
-from substrate.cli.stack import free_port
+from substrate.cli.daemon_args import ateapi_argv, atelet_argv, worker_argv
+from substrate.cli.stack import child_env, free_port, spawn
+from substrate.client.local import ProcessRecord
 from substrate.identity import CertificateAuthority, Identity, TlsFiles, client_context
 from substrate.identity.ca import CA_VALIDITY
 from substrate.identity.files import write_bundle
 from tests.http_client import H11Client, Reply
 
-ROOT = Path(__file__).resolve().parents[2]
 TRUST_DOMAIN = "ate"
 NOW = datetime.now(UTC)
 COUNTER_IMAGE = "counter:1"
@@ -49,19 +50,47 @@ def wait_http(url: str, timeout: float = 30.0) -> str:
 
 @attrs.define
 class Proc:
+    """A daemon started by :func:`substrate.cli.stack.spawn` (our child, in its own session)."""
+
     name: str
-    process: subprocess.Popen[bytes]
-    log: Path
+    record: ProcessRecord
+    returncode: int | None = None
+    """Its exit code once collected (the negated signal number if a signal ended it)."""
+
+    @property
+    def log(self) -> Path:
+        return Path(self.record.log)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.record.pid, os.WNOHANG)
+            except ChildProcessError:  # collected elsewhere: its status is lost
+                self.returncode = 0
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code; None if it still runs after ``timeout`` seconds (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return self.returncode
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.record.pid, signal.SIGTERM)
+            if self.wait(timeout) is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.record.pid, signal.SIGKILL)
+                self.wait()
+        assert self.returncode is not None
+        return self.returncode
 
     def tail(self, n: int = 4000) -> str:
         try:
@@ -97,19 +126,14 @@ class Stack:
         return self.tmp / "nodes" / node
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        logs = self.tmp / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"{name}.log"
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", *argv],
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                env={**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-            )
-        proc = Proc(name=name, process=process, log=log)
+        record = spawn(
+            name,
+            argv,
+            logs=self.tmp / "logs",
+            env=child_env({**os.environ, **self.env, **(env or {})}),
+            python=sys.executable,
+        )
+        proc = Proc(name=name, record=record)
         self.procs.append(proc)
         return proc
 
@@ -118,37 +142,33 @@ class Stack:
         port, admin = free_port(), free_port()
         self.ateapi_address = f"127.0.0.1:{port}"
         self.ateapi_admin = f"127.0.0.1:{admin}"
-        argv = [
-            "daemons.ateapi",
-            f"--listen={self.ateapi_address}",
-            f"--admin-listen={self.ateapi_admin}",
-            f"--tls-dir={tls}",
-            f"--trust-domain={TRUST_DOMAIN}",
-            f"--store={store}",
-            "--reconcile-every=0.5",
-            "--heartbeat-timeout=10",
-        ]
-        if objects:
-            argv.append(f"--objects={objects}")
+        argv = ateapi_argv(
+            listen=self.ateapi_address,
+            admin_listen=self.ateapi_admin,
+            tls_dir=tls,
+            trust_domain=TRUST_DOMAIN,
+            store=store,
+            objects=objects,
+            reconcile_every=0.5,
+            heartbeat_timeout=10,
+        )
         proc = self._spawn("ateapi", argv)
         wait_http(f"http://{self.ateapi_admin}/healthz")
         return proc
 
     def start_atelet(self, node: str, *, objects: str = "") -> Proc:
         tls = self.identity_dir(node, "atelet", Identity.atelet(node, TRUST_DOMAIN))
-        argv = [
-            "daemons.atelet",
-            f"--node={node}",
-            f"--node-dir={self.node_dir(node)}",
-            f"--images={self.images}",
-            "--listen=127.0.0.1:0",
-            f"--ateapi={self.ateapi_address}",
-            f"--tls-dir={tls}",
-            f"--trust-domain={TRUST_DOMAIN}",
-            "--heartbeat-every=1",
-        ]
-        if objects:
-            argv.append(f"--objects={objects}")
+        argv = atelet_argv(
+            node=node,
+            node_dir=self.node_dir(node),
+            images=self.images,
+            listen="127.0.0.1:0",
+            ateapi=self.ateapi_address,
+            tls_dir=tls,
+            trust_domain=TRUST_DOMAIN,
+            objects=[objects],
+            heartbeat_every=1,
+        )
         return self._spawn(f"atelet-{node}", argv)
 
     def start_worker(
@@ -164,20 +184,19 @@ class Stack:
         tls = self.identity_dir(f"worker-{name}", "worker", Identity.worker(name, TRUST_DOMAIN))
         port = free_port()
         self.tunnels[name] = f"127.0.0.1:{port}"
-        argv = [
-            "daemons.ateworker",
-            f"--name={name}",
-            f"--node={node}",
-            f"--node-dir={self.node_dir(node)}",
-            f"--runtime={runtime}",
-            f"--tunnel-listen=127.0.0.1:{port}",
-            f"--tls-dir={tls}",
-            f"--trust-domain={TRUST_DOMAIN}",
-            f"--max-actors={max_actors}",
-            "--memory=2Gi",
-            f"--probe-timeout={probe_timeout}",
-        ]
-        argv += [f"--label={k}={v}" for k, v in (labels or {}).items()]
+        argv = worker_argv(
+            name=name,
+            node=node,
+            node_dir=self.node_dir(node),
+            runtime=runtime,
+            tunnel_listen=f"127.0.0.1:{port}",
+            tls_dir=tls,
+            trust_domain=TRUST_DOMAIN,
+            max_actors=max_actors,
+            memory="2Gi",
+            probe_timeout=probe_timeout,
+            labels=labels,
+        )
         return self._spawn(f"worker-{name}", argv)
 
     def client_dir(self) -> Path:
