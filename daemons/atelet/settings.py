@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 
 from daemons._common.lifecycle import split_host_port
+from daemons._common.sizes import parse_size
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -23,6 +24,7 @@ class Settings:
     trust_domain: str
     objects: tuple[str, ...]
     heartbeat_every: float
+    tag_cache_max_bytes: int
     ips: tuple[str, ...]
     log_level: str
 
@@ -53,6 +55,13 @@ def parse(argv: list[str] | None = None) -> Settings:
         "S3 endpoint come from the usual AWS_* environment variables",
     )
     p.add_argument("--heartbeat-every", type=float, default=3.0, help="seconds")
+    p.add_argument(
+        "--tag-cache-max-bytes",
+        type=parse_size,
+        default=0,
+        help="size of the tag snapshot cache (e.g. 20Gi); past it the least recently used "
+        "snapshots no start is using are removed (default 0: no limit)",
+    )
     p.add_argument("--ip", action="append", default=[], help="addresses reported for workers")
     p.add_argument("--log-level", default="info")
     a = p.parse_args(argv)
@@ -73,6 +82,7 @@ def parse(argv: list[str] | None = None) -> Settings:
         trust_domain=a.trust_domain,
         objects=tuple(a.objects),
         heartbeat_every=a.heartbeat_every,
+        tag_cache_max_bytes=a.tag_cache_max_bytes,
         ips=tuple(a.ip),
         log_level=a.log_level,
     )

@@ -19,7 +19,7 @@ from substrate.identity import TlsFiles
 from substrate.identity.tls import server_context
 from substrate.net.backoff import Backoff
 from substrate.sandbox.node_layout import NodeLayout
-from substrate.services.node_agent import NodeAgentService
+from substrate.services.node_agent import NodeAgentConfig, NodeAgentService
 from substrate.services.registration import RegistrarConfig, WorkerRegistrar
 
 log = structlog.get_logger("substrate.atelet")
@@ -46,6 +46,7 @@ async def run(settings: Settings) -> None:
                 workers,
                 BlobStores(from_env=True, roots=settings.objects),
                 LocalImageStore(str(settings.images)),
+                config=NodeAgentConfig(tag_cache_max_bytes=settings.tag_cache_max_bytes),
             )
             host, port = settings.listen
             grpc = await stack.enter_async_context(

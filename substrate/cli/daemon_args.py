@@ -75,10 +75,11 @@ def atelet_argv(
     trust_domain: str | None = None,
     objects: Sequence[str] = (),
     heartbeat_every: float | None = None,
+    tag_cache_max_bytes: int | None = None,
 ) -> list[str]:
     """``daemons.atelet``: images (<node-dir>/images), listen (127.0.0.1:0), trust_domain
     (substrate.local), objects (the known snapshot locations, one flag each; none),
-    heartbeat_every (3 s)."""
+    heartbeat_every (3 s), tag_cache_max_bytes (0: no limit)."""
     return _argv(
         "daemons.atelet",
         [
@@ -91,6 +92,7 @@ def atelet_argv(
             ("trust-domain", trust_domain),
             *(("objects", location) for location in objects),
             ("heartbeat-every", heartbeat_every),
+            ("tag-cache-max-bytes", tag_cache_max_bytes),
         ],
     )
 

@@ -98,6 +98,10 @@ class NodeLayout:
 
     # --- caches -------------------------------------------------------------------------
 
+    def tag_cache_root(self) -> str:
+        """``<root>/cache/tags``: one directory per tag, one per cached snapshot below it."""
+        return self._join("cache", "tags")
+
     def tag_cache_dir(self, tag_uid: str, snapshot_id: str) -> str:
         return self._join(
             "cache",

@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -91,6 +92,7 @@ from substrate.snapshot.restore_plan import (
     sysinfo_files,
     uploaded_snapshot,
 )
+from substrate.snapshot.tag_cache import TagCacheEntry, tag_cache_victims
 
 log = structlog.get_logger("substrate.atelet")
 
@@ -142,6 +144,9 @@ class NodeAgentConfig:
     durable copy PENDING (keep it below ateapi's checkpoint timeout)."""
     store_check_timeout: float = 10.0
     """Seconds the pre-checkpoint reachability check of the object store may take."""
+    tag_cache_max_bytes: int = 0
+    """Size of the tag snapshot cache; past it the least recently used entries not in use
+    are removed after each download into it (:func:`tag_cache_victims`). 0: no limit."""
 
 
 # --- small file helpers (run in worker threads) --------------------------------------------
@@ -186,6 +191,55 @@ def _rmtree(path: str | Path) -> None:
 async def _remove(path: str | Path) -> None:
     with anyio.CancelScope(shield=True):
         await anyio.to_thread.run_sync(_rmtree, path)
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for parent, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
+
+
+def _tag_cache_entries(root: str) -> list[TagCacheEntry]:
+    """Every cached tag snapshot below ``root`` with its size and last use (the mtime of
+    its saved manifest, touched at each use; the directory's if there is none)."""
+    entries = []
+    with contextlib.suppress(OSError):
+        for tag in os.scandir(root):
+            if not tag.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                for snap in os.scandir(tag.path):
+                    if snap.name.startswith(".") or not snap.is_dir(follow_symlinks=False):
+                        continue
+                    marker = os.path.join(tag.path, f".{snap.name}{TAG_MANIFEST_SUFFIX}")
+                    try:
+                        used = os.stat(marker).st_mtime
+                    except OSError:
+                        used = snap.stat(follow_symlinks=False).st_mtime
+                    entries.append(
+                        TagCacheEntry(
+                            key=str(Path(snap.path)), size=_tree_size(snap.path), last_used=used
+                        )
+                    )
+    return entries
+
+
+def _drop_tag_entry(path: str) -> None:
+    """Remove a cached tag snapshot, its saved manifest, and its tag's directory if empty."""
+    entry = Path(path)
+    with contextlib.suppress(OSError):
+        (entry.parent / f".{entry.name}{TAG_MANIFEST_SUFFIX}").unlink()
+    _rmtree(entry)
+    with contextlib.suppress(OSError):
+        entry.parent.rmdir()  # only if nothing else of the tag is left
 
 
 def _sha256_file(path: Path) -> str:
@@ -391,8 +445,12 @@ class NodeAgentService:
         self._local_locks = _KeyedLocks()
         self._tag_locks = _KeyedLocks()
         self._starts: dict[str, anyio.CancelScope] = {}
+        self._tag_users: Counter[str] = Counter()
+        """Starts using each tag cache entry (its directory) now: never evicted."""
         self.tag_downloads = 0
         """How many tag snapshots this agent downloaded into the tag cache."""
+        self.tag_evictions = 0
+        """How many tag cache entries this agent removed to stay within its size."""
 
     # --- lookups ----------------------------------------------------------------------
 
@@ -517,9 +575,44 @@ class NodeAgentService:
         async def sysinfo() -> None:
             await self._write_sysinfo(request)
 
+        async with self._tag_in_use(plan):
+            return await self._prepare_and_start(
+                plan, base, worker, str(target.worker), configs, [bundle, source, sysinfo]
+            )
+
+    @asynccontextmanager
+    async def _tag_in_use(self, plan: NodeRestorePlan) -> AsyncIterator[None]:
+        """Mark the tag cache entry ``plan`` restores from as in use (never evicted) until
+        the start returned — gVisor has read the snapshot's files completely by then —
+        and then bring the cache within its size (:meth:`_evict_tags`)."""
+        if plan.kind is not RestoreKind.TAG_CACHE:
+            yield
+            return
+        key = str(Path(plan.restore_dir))  # as _restore_from_tag and the eviction name it
+        self._tag_users[key] += 1
+        try:
+            yield
+        finally:
+            self._tag_users[key] -= 1
+            if self._tag_users[key] <= 0:
+                del self._tag_users[key]
+            with anyio.CancelScope(shield=True):
+                await self._evict_tags()
+
+    async def _prepare_and_start(
+        self,
+        plan: NodeRestorePlan,
+        base: WorkloadRequest,
+        worker: WorkerApi,
+        worker_name: str,
+        configs: list[ImageConfig],
+        jobs: list[Callable[[], Awaitable[None]]],
+    ) -> WorkloadStarted:
+        """Run the preparation ``jobs`` concurrently (the first fills ``configs``), then
+        run or restore the workload on ``worker``."""
         t0 = time.monotonic()
         try:
-            await _gather([bundle, source, sysinfo])
+            await _gather(jobs)
         except BaseException:
             if plan.kind is RestoreKind.DOWNLOAD:
                 await _remove(plan.restore_dir)
@@ -534,9 +627,9 @@ class NodeAgentService:
         )
         log.info(
             "start.prepared",
-            actor_uid=uid,
+            actor_uid=base.actor_uid,
             source=plan.kind.value,
-            worker=str(target.worker),
+            worker=worker_name,
             seconds=round(time.monotonic() - t0, 3),
         )
         if not plan.restores:
@@ -697,6 +790,7 @@ class NodeAgentService:
                         pass
                     else:
                         await self._stage_assets(manifest)
+                        await anyio.to_thread.run_sync(_touch, saved)  # recently used
                         return
             store, key = self._resolve(plan.uri)
             manifest = await self._manifest(store, key, plan.uri)
@@ -726,6 +820,23 @@ class NodeAgentService:
                 await _remove(staging)
             self.tag_downloads += 1
             log.info("tag_cache.filled", tag_uid=plan.tag_uid, dir=str(final))
+
+    async def _evict_tags(self) -> None:
+        """Bring the tag cache within ``tag_cache_max_bytes``: remove the least recently
+        used entries no start is using (:func:`tag_cache_victims`). Runs after each start
+        from the cache, so the cache is over its size at most while starts use it."""
+        limit = self.config.tag_cache_max_bytes
+        if limit <= 0:
+            return
+        found = await anyio.to_thread.run_sync(_tag_cache_entries, self.layout.tag_cache_root())
+        entries = [attrs.evolve(e, in_use=e.key in self._tag_users) for e in found]
+        for victim in tag_cache_victims(entries, limit):
+            async with self._tag_locks.hold(victim.key):
+                if victim.key in self._tag_users:  # a start took it up meanwhile
+                    continue
+                await anyio.to_thread.run_sync(_drop_tag_entry, victim.key)
+            self.tag_evictions += 1
+            log.info("tag_cache.evicted", dir=victim.key, bytes=victim.size)
 
     # --- checkpoint ---------------------------------------------------------------------
 

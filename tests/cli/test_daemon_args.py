@@ -48,6 +48,7 @@ def test_every_setting_reaches_the_daemon(tmp_path: Path) -> None:
         trust_domain="ate",
         objects=["s3://b/p", "", "file:///x"],
         heartbeat_every=1,
+        tag_cache_max_bytes=20 << 30,
     )
     assert argv[0] == "daemons.atelet"
     let = atelet_settings.parse(argv[1:])
@@ -58,10 +59,11 @@ def test_every_setting_reaches_the_daemon(tmp_path: Path) -> None:
         "127.0.0.1:1001",
         tls,
     )
-    assert (let.objects, let.heartbeat_every, let.trust_domain) == (
+    assert (let.objects, let.heartbeat_every, let.trust_domain, let.tag_cache_max_bytes) == (
         ("s3://b/p", "file:///x"),
         1.0,
         "ate",
+        20 << 30,
     )
 
     argv = worker_argv(

@@ -39,7 +39,8 @@ from substrate.core.model import (
 )
 from substrate.errors import FailedPrecondition, Internal, NotFound, Unavailable
 from substrate.sandbox.node_layout import NodeLayout
-from substrate.services.node_agent import BUNDLE_MARKER, NodeAgentService
+from substrate.sandbox.worker_ports import WorkloadRequest, WorkloadStarted
+from substrate.services.node_agent import BUNDLE_MARKER, NodeAgentConfig, NodeAgentService
 from substrate.snapshot.layout import actor_snapshot_prefix, manifest_key, tag_prefix
 from substrate.snapshot.manifest import Asset, Manifest
 from substrate.snapshot.ports import BlobStore
@@ -94,6 +95,7 @@ async def node_env(
     boot_id: str = "boot-1",
     node: NodeRef = NODE,
     runtime_assets: dict[str, Asset] | None = None,
+    config: NodeAgentConfig | None = None,
 ) -> AsyncIterator[Env]:
     store = store if store is not None else InMemoryBlobStore()
     layout = NodeLayout(str(root))
@@ -111,6 +113,7 @@ async def node_env(
             images,
             runtime_assets=runtime_assets,
             boot_id=boot_id,
+            config=config or NodeAgentConfig(),
         )
         yield Env(agent=agent, store=store, layout=layout, workers=fakes, images=images)
 
@@ -648,6 +651,88 @@ async def test_tag_snapshot_is_downloaded_once_for_two_actors(tmp_path: Path) ->
         assert env.store.calls.get("get", 0) == gets_before
         assert env.agent.tag_downloads == 1
         assert await env.worker().count(c.actor_uid) == 6
+
+
+def cache_size(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+async def two_tags(env: Env) -> tuple[Snapshot, Snapshot]:
+    tags = []
+    for n in (1, 2):
+        golden = target(f"golden{n}", worker="w-0-1")
+        assert await run_actor(env, golden, calls=n) == n
+        tags.append(await tag_snapshot(env, golden, f"tag-{n}"))
+    return tags[0], tags[1]
+
+
+async def test_the_tag_cache_gives_up_its_least_recently_used_entry(tmp_path: Path) -> None:
+    async with node_env(tmp_path) as probe:
+        tag, _ = await two_tags(probe)
+        await probe.agent.start(restore_from(target("x"), tag, Durability.DURABLE))
+        one = cache_size(probe.layout.tag_cache_dir("tag-1", "g1"))
+    limit = one + one // 2  # room for one entry, not two
+    async with node_env(tmp_path / "n", config=NodeAgentConfig(tag_cache_max_bytes=limit)) as env:
+        tag1, tag2 = await two_tags(env)
+        first, second = (
+            env.layout.tag_cache_dir("tag-1", "g1"),
+            env.layout.tag_cache_dir("tag-2", "g1"),
+        )
+        await env.agent.start(restore_from(target("a"), tag1, Durability.DURABLE))
+        assert is_dir(first) and env.agent.tag_evictions == 0
+        await env.agent.start(restore_from(target("b"), tag2, Durability.DURABLE))
+        assert not exists(first)  # the older one went; its tag's directory too
+        assert not exists(Path(first).parent)
+        assert is_dir(second) and env.agent.tag_evictions == 1
+        assert await env.worker().count("uid-a") == 2  # a restored actor does not need it
+        # tag-1 again: downloaded again, and now tag-2 is the least recently used
+        await env.agent.start(restore_from(target("c"), tag1, Durability.DURABLE))
+        assert env.agent.tag_downloads == 3
+        assert is_dir(first) and not exists(second)
+        assert await env.worker().count("uid-c") == 2
+
+
+async def test_a_tag_cache_entry_in_use_is_not_evicted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = NodeAgentConfig(tag_cache_max_bytes=1)  # every entry is over the limit
+    async with node_env(tmp_path, config=config) as env:
+        tag1, tag2 = await two_tags(env)
+        first = env.layout.tag_cache_dir("tag-1", "g1")
+        worker = env.worker(0)
+        restore = worker.restore
+        restoring, release = anyio.Event(), anyio.Event()
+
+        async def held(request: WorkloadRequest) -> WorkloadStarted:
+            if request.actor_uid == "uid-a":
+                restoring.set()
+                await release.wait()
+            return await restore(request)
+
+        monkeypatch.setattr(worker, "restore", held)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(env.agent.start, restore_from(target("a"), tag1, Durability.DURABLE))
+            await restoring.wait()
+            # another start fills and uses tag-2, then evicts what is not in use
+            await env.agent.start(
+                restore_from(target("b", worker="w-0-1"), tag2, Durability.DURABLE)
+            )
+            assert is_dir(first)  # a is restoring from it
+            assert not exists(env.layout.tag_cache_dir("tag-2", "g1"))
+            release.set()
+        assert await worker.count("uid-a") == 2
+        assert not exists(first)  # free again, and over the limit: gone
+        assert env.agent.tag_evictions == 2
+
+
+async def test_the_tag_cache_has_no_limit_by_default(tmp_path: Path) -> None:
+    async with node_env(tmp_path) as env:
+        tag1, tag2 = await two_tags(env)
+        await env.agent.start(restore_from(target("a"), tag1, Durability.DURABLE))
+        await env.agent.start(restore_from(target("b"), tag2, Durability.DURABLE))
+        assert is_dir(env.layout.tag_cache_dir("tag-1", "g1"))
+        assert is_dir(env.layout.tag_cache_dir("tag-2", "g1"))
+        assert env.agent.tag_evictions == 0
 
 
 async def test_sysinfo_is_rewritten_on_every_start(tmp_path: Path) -> None:
