@@ -145,8 +145,9 @@ class NodeAgentConfig:
     store_check_timeout: float = 10.0
     """Seconds the pre-checkpoint reachability check of the object store may take."""
     tag_cache_max_bytes: int = 0
-    """Size of the tag snapshot cache; past it the least recently used entries not in use
-    are removed after each download into it (:func:`tag_cache_victims`). 0: no limit."""
+    """Size of the tag snapshot cache in bytes; past it the least recently used entries no
+    start is using are removed after each start from the cache (:func:`tag_cache_victims`).
+    0 (or less): no limit."""
 
 
 # --- small file helpers (run in worker threads) --------------------------------------------
