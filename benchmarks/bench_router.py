@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from substrate.cli.daemon_args import router_argv
 from substrate.cli.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,12 +285,13 @@ def router(tmp: Path, tls: Path, ateapi_port: int, *flags: str) -> Iterator[tupl
     argv = [
         sys.executable,
         "-m",
-        "daemons.router",
-        f"--listen={HOST}:{port}",
-        f"--admin-listen={HOST}:{admin}",
-        f"--ateapi-address={HOST}:{ateapi_port}",
-        f"--tls-dir={tls}",
-        f"--trust-domain={TD}",
+        *router_argv(
+            listen=f"{HOST}:{port}",
+            admin_listen=f"{HOST}:{admin}",
+            ateapi_address=f"{HOST}:{ateapi_port}",
+            tls_dir=tls,
+            trust_domain=TD,
+        ),
         "--log-level=warning",
         "--health-interval=5s",
         *flags,

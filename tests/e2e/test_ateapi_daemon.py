@@ -21,6 +21,7 @@ from grpclib.client import Channel
 from substrate.api import pb
 from substrate.api.atelet import serve_atelet
 from substrate.api.convert import capacity_to_proto, sandbox_class_to_proto
+from substrate.cli.daemon_args import ateapi_argv
 from substrate.cli.stack import free_port
 from substrate.client import AteClient
 from substrate.client._async import _close_channel
@@ -72,19 +73,16 @@ def pki(tmp_path: Path) -> Pki:
 def start_daemon(pki: Pki, store: str, tmp: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     grpc_port, admin_port = free_port(), free_port()
     with open(tmp / "ateapi.log", "ab") as log:
+        argv = ateapi_argv(
+            listen=f"127.0.0.1:{grpc_port}",
+            admin_listen=f"127.0.0.1:{admin_port}",
+            tls_dir=pki.dir,
+            trust_domain=TRUST_DOMAIN,
+            store=store,
+            reconcile_every=0.5,
+        )
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daemons.ateapi",
-                f"--listen=127.0.0.1:{grpc_port}",
-                f"--admin-listen=127.0.0.1:{admin_port}",
-                f"--tls-dir={pki.dir}",
-                f"--trust-domain={TRUST_DOMAIN}",
-                f"--store={store}",
-                "--reconcile-every=0.5",
-                "--log-level=info",
-            ],
+            [sys.executable, "-m", *argv, "--log-level=info"],
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -24,6 +24,7 @@ import pytest
 
 from daemons.router import settings as router_settings
 from substrate.adapters.memory import FakeSandboxRuntime
+from substrate.cli.daemon_args import router_argv
 from substrate.cli.stack import free_port
 from substrate.core.ids import ActorRef
 from substrate.core.model import ResumeResult
@@ -157,18 +158,15 @@ def router_process(
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     port, admin = free_port(), free_port()
     log = open(tmp / "router.log", "ab")  # noqa: SIM115 (closed below, after the process)
+    argv = router_argv(
+        listen=f"{HOST}:{port}",
+        admin_listen=f"{HOST}:{admin}",
+        ateapi_address=ateapi,
+        tls_dir=tls_dir,
+        trust_domain=TRUST_DOMAIN,
+    )
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daemons.router",
-            f"--listen={HOST}:{port}",
-            f"--admin-listen={HOST}:{admin}",
-            f"--ateapi-address={ateapi}",
-            f"--tls-dir={tls_dir}",
-            f"--trust-domain={TRUST_DOMAIN}",
-            *flags,
-        ],
+        [sys.executable, "-m", *argv, *flags],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=log,
