@@ -400,22 +400,30 @@ class ActorService:
             return ResumeResult(actor=actor, resumed=False)
         async with workflow("resume", self.metrics, actor=ref) as steps:
             started = time.perf_counter()
+            template = None
             if actor.state in (ActorState.SUSPENDED, ActorState.PAUSED):
-                self._refuse_if_full(actor, await self._template_for(actor), steps)
+                template = await self._template_for(actor)
+                self._refuse_if_full(actor, template, steps)
             try:
                 async with self._lease(ref):
-                    result = await self._resume_locked(ref, steps)
+                    result = await self._resume_locked(ref, steps, template)
             except LeaseHeld:
                 self.metrics.lease_conflict("resume")
                 raise
             return attrs.evolve(result, resume_duration_seconds=time.perf_counter() - started)
 
-    async def _resume_locked(self, ref: ActorRef, steps: Steps) -> ResumeResult:
+    async def _resume_locked(
+        self, ref: ActorRef, steps: Steps, template: ActorTemplate | None = None
+    ) -> ResumeResult:
+        """The resume under the lease. ``template``: the actor's template if the caller
+        has just read it (templates are not leased: a read before the lease is as good as
+        one after it), else it is read here."""
         with steps.step("load"):
             actor = await self.store.get_actor(ref)
             if actor.state is ActorState.RUNNING:
                 return ResumeResult(actor=actor, resumed=False)
-            template = await self._template_for(actor)
+            if template is None or template.ref != actor.template:
+                template = await self._template_for(actor)
         if actor.state is ActorState.RESUMING:
             actor = await self._revalidate_resuming(actor, steps)
         if actor.state in (ActorState.SUSPENDED, ActorState.PAUSED):
