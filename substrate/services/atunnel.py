@@ -113,7 +113,7 @@ from substrate.net.tunnel import (
 from substrate.sandbox.spec import SandboxAddress
 from substrate.services.listeners import Listeners
 from substrate.services.sandbox_sockets import connect_rst, set_rst_on_close
-from substrate.services.tcp_state import has_input, peer_text
+from substrate.services.tcp_state import has_input, peer_of
 
 log = structlog.get_logger("substrate.atunnel")
 
@@ -722,11 +722,13 @@ class Atunnel:
 
     # --- serving ----------------------------------------------------------------------
 
-    async def _serve_accepted(self, stream: SocketStream, _sock: socket.socket) -> None:
-        await self._serve_connection(stream)
+    async def _serve_accepted(self, stream: SocketStream, sock: socket.socket) -> None:
+        await self._serve_connection(stream, sock)
 
-    async def _serve_connection(self, stream: SocketStream) -> None:
-        peer = _peer_name(stream)
+    async def _serve_connection(
+        self, stream: SocketStream, sock: socket.socket | None = None
+    ) -> None:
+        peer = peer_of(stream, sock)
         try:
             with anyio.fail_after(self._handshake_timeout):
                 tls = await TLSStream.wrap(
@@ -1205,14 +1207,6 @@ async def _splice(
     async with anyio.create_task_group() as tg:
         tg.start_soon(pipe, client, backend, tg.cancel_scope)
         tg.start_soon(pipe, backend, client, tg.cancel_scope)
-
-
-def _peer_name(stream: SocketStream) -> str:
-    try:
-        address = stream.extra(SocketAttribute.remote_address)
-    except Exception:  # a peer that vanished has no address
-        address = None
-    return peer_text(address)
 
 
 def _describe(exc: BaseException) -> str:

@@ -66,7 +66,7 @@ from substrate.services.router_upstream import (
     Upstream,
     UpstreamGone,
 )
-from substrate.services.tcp_state import peer_text
+from substrate.services.tcp_state import peer_of
 
 if TYPE_CHECKING:
     from substrate.services.router import Resolution, Router
@@ -199,18 +199,6 @@ class _Ctx:
 
 
 # --- the connection ------------------------------------------------------------------------
-
-
-def peer_of(stream: SocketStream, sock: socket.socket | None = None) -> str:
-    """``host:port`` of the client, for logs (from ``sock`` when given: no anyio lookup)."""
-    try:
-        if sock is not None:
-            address = sock.getpeername()
-        else:
-            address = stream.extra(SocketAttribute.remote_address)
-    except Exception:  # a peer that vanished has no address
-        address = None
-    return peer_text(address)
 
 
 async def serve_connection(
@@ -896,4 +884,4 @@ async def _connect(
     return port
 
 
-__all__ = ["ClientConn", "ClientGone", "peer_of", "serve_connection", "splice"]
+__all__ = ["ClientConn", "ClientGone", "serve_connection", "splice"]

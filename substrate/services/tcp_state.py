@@ -10,6 +10,8 @@ import select
 import socket
 from typing import Final
 
+from anyio.abc import SocketAttribute, SocketStream
+
 ANY_INPUT: Final = select.POLLIN | select.POLLPRI
 """Data, urgent data, or the peer's FIN (EOF also makes a socket readable)."""
 
@@ -41,4 +43,16 @@ def peer_text(address: object) -> str:
     return str(address)
 
 
-__all__ = ["ANY_INPUT", "has_input", "peer_text"]
+def peer_of(stream: SocketStream, sock: socket.socket | None = None) -> str:
+    """``host:port`` of ``stream``'s peer, for logs; from ``sock`` (the socket under it)
+    when given, which saves anyio's attribute lookup. ``?`` for a peer that vanished."""
+    try:
+        address = (
+            sock.getpeername() if sock is not None else stream.extra(SocketAttribute.remote_address)
+        )
+    except Exception:  # a peer that vanished has no address
+        address = None
+    return peer_text(address)
+
+
+__all__ = ["ANY_INPUT", "has_input", "peer_of", "peer_text"]

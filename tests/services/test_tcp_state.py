@@ -5,7 +5,10 @@ from __future__ import annotations
 import select
 import socket
 
-from substrate.services.tcp_state import has_input, peer_text
+import pytest
+from anyio.abc import SocketStream
+
+from substrate.services.tcp_state import has_input, peer_of, peer_text
 
 
 def test_has_input_tells_quiet_from_readable_from_closed() -> None:
@@ -27,3 +30,18 @@ def test_peer_text() -> None:
     assert peer_text(("::1", 443, 0, 0)) == "::1:443"
     assert peer_text("/run/sock") == "/run/sock"
     assert peer_text(None) == "?"
+
+
+@pytest.mark.anyio
+async def test_peer_of_reads_the_socket_or_the_stream() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        client = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+        with client, conn:
+            expected = f"127.0.0.1:{client.getsockname()[1]}"
+            stream = await SocketStream.from_socket(conn)
+            assert peer_of(stream, conn) == expected
+            assert peer_of(stream) == expected  # anyio's attribute lookup
+            await stream.aclose()
+            assert peer_of(stream, conn) == "?"  # closed: no address
