@@ -297,8 +297,10 @@ class TunnelPool:
         key = (upstream.worker, upstream.address)
         upstream.conn.start_next_cycle()
         upstream.idle_since = now
-        if self._wake(key, upstream):
-            return True
+        return self._wake(key, upstream) or self._keep_idle(key, upstream)
+
+    def _keep_idle(self, key: tuple[WorkerRef, str], upstream: Upstream) -> bool:
+        """Add ``upstream`` to the idle connections of ``key`` unless they are full."""
         idle = self._idle.setdefault(key, [])
         if len(idle) >= self._max_idle:
             return False
@@ -306,10 +308,7 @@ class TunnelPool:
         return True
 
     async def _park_idle(self, key: tuple[WorkerRef, str], upstream: Upstream) -> None:
-        idle = self._idle.setdefault(key, [])
-        if len(idle) < self._max_idle and upstream.alive():
-            idle.append(upstream)
-        else:
+        if not (upstream.alive() and self._keep_idle(key, upstream)):
             await upstream.aclose()
 
     async def close_idle(self, *, now: float) -> int:
