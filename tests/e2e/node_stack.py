@@ -7,9 +7,9 @@ test fails. Everything started is stopped (SIGTERM, then SIGKILL by pid) at the 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -23,8 +23,7 @@ import attrs
 
 from substrate.adapters.gvisor.images import LocalImages, build_counter_image
 from substrate.cli.daemon_args import ateapi_argv, atelet_argv, worker_argv
-from substrate.cli.stack import child_env, free_port, spawn
-from substrate.client.local import ProcessRecord
+from substrate.cli.stack import child_env, free_port
 from substrate.identity import CertificateAuthority, Identity, TlsFiles, client_context
 from substrate.identity.ca import CA_VALIDITY
 from substrate.identity.files import write_bundle
@@ -50,47 +49,19 @@ def wait_http(url: str, timeout: float = 30.0) -> str:
 
 @attrs.define
 class Proc:
-    """A daemon started by :func:`substrate.cli.stack.spawn` (our child, in its own session)."""
-
     name: str
-    record: ProcessRecord
-    returncode: int | None = None
-    """Its exit code once collected (the negated signal number if a signal ended it)."""
-
-    @property
-    def log(self) -> Path:
-        return Path(self.record.log)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.record.pid, os.WNOHANG)
-            except ChildProcessError:  # collected elsewhere: its status is lost
-                self.returncode = 0
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Its exit code; None if it still runs after ``timeout`` seconds (None: no limit)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            time.sleep(0.05)
-        return self.returncode
+    process: subprocess.Popen[bytes]
+    log: Path
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.record.pid, signal.SIGTERM)
-            if self.wait(timeout) is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.record.pid, signal.SIGKILL)
-                self.wait()
-        assert self.returncode is not None
-        return self.returncode
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
 
     def tail(self, n: int = 4000) -> str:
         try:
@@ -126,14 +97,18 @@ class Stack:
         return self.tmp / "nodes" / node
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        record = spawn(
-            name,
-            argv,
-            logs=self.tmp / "logs",
-            env=child_env({**os.environ, **self.env, **(env or {})}),
-            python=sys.executable,
-        )
-        proc = Proc(name=name, record=record)
+        logs = self.tmp / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=child_env({**os.environ, **self.env, **(env or {})}),
+            )
+        proc = Proc(name=name, process=process, log=log)
         self.procs.append(proc)
         return proc
 
