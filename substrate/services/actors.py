@@ -531,7 +531,7 @@ class ActorService:
         """
         if not self.workers.ready:
             return
-        index = self.workers.require_ready()
+        index = self.workers.index
         c = self._constraints(actor, template, self.workers.live_nodes()).unpinned()
         t0 = time.perf_counter()
         try:
